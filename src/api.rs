@@ -1,0 +1,512 @@
+//! The `initium.dev/v1alpha1` API: `MutationRule` (namespaced) and `ClusterMutationRule`
+//! (cluster-scoped). Both share [`RuleSpec`]; doc comments here become `kubectl explain` text.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, ValidationRule,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    Condition as StatusCondition, LabelSelector, ObjectMeta,
+};
+use kube::core::{CustomResourceExt, NamespaceResourceScope, Resource};
+use kube::{CustomResource, KubeSchema};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const GROUP: &str = "initium.dev";
+pub const VERSION: &str = "v1alpha1";
+pub const API_VERSION: &str = "initium.dev/v1alpha1";
+/// Annotation listing the rules that changed an object, in application order.
+pub const MUTATED_BY_ANNOTATION: &str = "initium.dev/mutated-by";
+pub const DEFAULT_PRIORITY: i32 = 100;
+
+/// A rule that initializes new objects: which objects it matches, and the mutations applied
+/// to them while the API server holds the request.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "initium.dev",
+    version = "v1alpha1",
+    kind = "ClusterMutationRule",
+    shortname = "cmr",
+    category = "initium",
+    status = "RuleStatus",
+    derive = "PartialEq",
+    doc = "ClusterMutationRule mutates matching objects in any namespace (or cluster-scoped objects) while the API server admits them.",
+    printcolumn(name = "Priority", type_ = "integer", json_path = ".spec.priority"),
+    printcolumn(name = "Kinds", type_ = "string", json_path = ".spec.match.kinds"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("has(self.match.kinds) && size(self.match.kinds) > 0").message("match.kinds must list at least one kind"))]
+pub struct RuleSpec {
+    /// Order of application: lower runs first (default 100). Ties are broken by scope
+    /// (ClusterMutationRule before MutationRule), then namespace, then name.
+    #[serde(default = "default_priority")]
+    pub priority: i32,
+
+    /// What happens when this rule fails or the latency budget runs out before it runs:
+    /// `Ignore` (default) skips the rule with a warning to the client; `Fail` rejects the object.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+
+    /// Which objects the rule applies to. Every field given must hold.
+    #[serde(rename = "match")]
+    pub match_: MatchResources,
+
+    /// Objects matching this (same shape as `match`, every field given must hold) are skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude: Option<MatchResources>,
+
+    /// Conditions on the object's content (RFC 9535 JSONPath). All must hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub conditions: Vec<Condition>,
+
+    /// The mutations, applied in order; each sees the result of the previous one. A rule is
+    /// atomic: if one mutation fails, none of the rule's changes are kept.
+    #[schemars(length(min = 1, max = 64))]
+    pub mutations: Vec<Mutation>,
+
+    /// Pods only: hold the Pod with a scheduling gate `initium.dev/<rule>` until the
+    /// dependencies in `waitFor` are ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<Gate>,
+}
+
+fn default_priority() -> i32 {
+    DEFAULT_PRIORITY
+}
+
+/// `Ignore` skips a failing rule with a warning; `Fail` rejects the object.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailurePolicy {
+    #[default]
+    Ignore,
+    Fail,
+}
+
+/// An admission operation.
+#[derive(
+    Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Operation {
+    Create,
+    Update,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+        }
+    }
+}
+
+/// Selects objects. Every field given must hold; an omitted field selects everything.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MatchResources {
+    /// Kinds: `Kind`, `version/Kind` (core group, like `apiVersion: v1`) or
+    /// `group/version/Kind`; any segment may be `*`. Required in `match`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub kinds: Vec<String>,
+
+    /// Operations: `CREATE` and/or `UPDATE`. In `match` the default is `[CREATE]`; in
+    /// `exclude` an omitted list means any operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operations: Option<Vec<Operation>>,
+
+    /// Globs (`*`, `?`) on `metadata.name`, or on `metadata.generateName` when the name is
+    /// not set yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub names: Vec<String>,
+
+    /// Globs on the object's namespace. ClusterMutationRule only. A rule with `namespaces`
+    /// matches only namespaced objects (and Namespace objects by their own name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub namespaces: Vec<String>,
+
+    /// Label selector on the object's Namespace. ClusterMutationRule only. A rule with a
+    /// namespace selector matches only namespaced objects (and Namespace objects by their own
+    /// labels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+
+    /// Label selector on the object's own labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<LabelSelector>,
+
+    /// Annotation key -> glob on its value; `*` only requires the key to be present.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A condition on the object's content. Set `path` and exactly one of `matches`, `equals`,
+/// `exists`.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("[has(self.matches), has(self.equals), has(self.exists)].filter(x, x).size() == 1").message("set exactly one of matches, equals, exists"))]
+pub struct Condition {
+    /// RFC 9535 JSONPath over the object, e.g. `$.spec.containers[*].image`.
+    #[schemars(length(max = 1024))]
+    pub path: String,
+    /// Regular expression; holds when any selected string value matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub matches: Option<String>,
+    /// JSON value; holds when any selected value is equal to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json")]
+    pub equals: Option<Value>,
+    /// `true`: the path selects at least one value; `false`: it selects none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exists: Option<bool>,
+}
+
+/// One mutation. Set exactly one of `merge`, `patch`, `upsert`, `forEach` (with `mutations`),
+/// `rewrite`. String values may contain `{{ <JSONPath> }}` templates: `$` is the object, `@`
+/// the current `forEach` element; a template that is the whole string keeps the JSON type of
+/// the selected value.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new("[has(self.merge), has(self.patch), has(self.upsert), has(self.forEach), has(self.rewrite)].filter(x, x).size() == 1").message("set exactly one of merge, patch, upsert, forEach, rewrite"),
+    validation = kube::core::Rule::new("has(self.forEach) == has(self.mutations)").message("forEach and mutations go together")
+)]
+pub struct Mutation {
+    /// RFC 7396 JSON merge patch applied to the object (or the `forEach` element). `null`
+    /// removes a field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json_object")]
+    pub merge: Option<Value>,
+
+    /// RFC 6902 JSON patch operations. `add` creates missing parent objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub patch: Option<Vec<PatchOperation>>,
+
+    /// Insert or replace an element of a list of objects, identified by a key field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upsert: Option<Upsert>,
+
+    /// JSONPath selecting elements (e.g. `$.spec.containers[*]`); `mutations` are applied to
+    /// each, with paths relative to the element.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub for_each: Option<String>,
+
+    /// The mutations applied to each `forEach` element (`forEach` cannot nest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
+    pub mutations: Option<Vec<ElementMutation>>,
+
+    /// Regular-expression rewrite of a string field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<Rewrite>,
+}
+
+/// A mutation applied to each element selected by `forEach`; paths are relative to the
+/// element. Set exactly one of `merge`, `patch`, `upsert`, `rewrite`.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("[has(self.merge), has(self.patch), has(self.upsert), has(self.rewrite)].filter(x, x).size() == 1").message("set exactly one of merge, patch, upsert, rewrite"))]
+pub struct ElementMutation {
+    /// RFC 7396 JSON merge patch applied to the element.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json_object")]
+    pub merge: Option<Value>,
+    /// RFC 6902 JSON patch operations with paths relative to the element.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub patch: Option<Vec<PatchOperation>>,
+    /// Insert or replace an element of a keyed list below the element.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upsert: Option<Upsert>,
+    /// Regular-expression rewrite of a string field below the element.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<Rewrite>,
+}
+
+/// One RFC 6902 operation.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PatchOperation {
+    /// `add`, `remove`, `replace`, `move`, `copy` or `test`.
+    pub op: PatchOp,
+    /// RFC 6901 JSON pointer, e.g. `/metadata/annotations/team`.
+    #[schemars(length(max = 1024))]
+    pub path: String,
+    /// Source pointer for `move` and `copy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Value for `add`, `replace` and `test`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json")]
+    pub value: Option<Value>,
+}
+
+/// An RFC 6902 operation name.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PatchOp {
+    Add,
+    Remove,
+    Replace,
+    Move,
+    Copy,
+    Test,
+}
+
+/// Idempotent insert-or-replace in a list of objects: the element whose `key` field equals
+/// `value`'s is replaced by `value`; if there is none, `value` is appended. The list (and its
+/// parents) are created when absent.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Upsert {
+    /// RFC 6901 pointer to the list, e.g. `/spec/volumes`.
+    #[schemars(length(max = 1024))]
+    pub path: String,
+    /// The field that identifies an element, e.g. `name`.
+    #[schemars(length(max = 256))]
+    pub key: String,
+    /// The element; it must have the `key` field.
+    #[schemars(schema_with = "any_json_object")]
+    pub value: Value,
+}
+
+/// Rewrites a string field with a regular expression. A missing field is left alone.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Rewrite {
+    /// RFC 6901 pointer to a string field, e.g. `/image`.
+    #[schemars(length(max = 1024))]
+    pub path: String,
+    /// Regular expression (Rust `regex` syntax); every match is replaced.
+    #[schemars(length(max = 1024))]
+    pub regex: String,
+    /// Replacement; `$1` or `${name}` refer to capture groups.
+    #[schemars(length(max = 1024))]
+    pub replacement: String,
+}
+
+/// Holds a Pod with a scheduling gate until its dependencies are ready (Pods only).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Gate {
+    /// Dependencies; all must hold before the gate is removed.
+    #[schemars(length(min = 1, max = 32))]
+    pub wait_for: Vec<Dependency>,
+    /// How long to wait, e.g. `30s`, `10m`, `1h` (default `10m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// After the timeout: `Release` (default) removes the gate anyway; `Hold` keeps it.
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+}
+
+/// What the gate does when `timeout` passes.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnTimeout {
+    #[default]
+    Release,
+    Hold,
+}
+
+/// One dependency of a gate. Set exactly one field.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("[has(self.service), has(self.job), has(self.pods), has(self.object)].filter(x, x).size() == 1").message("set exactly one of service, job, pods, object"))]
+pub struct Dependency {
+    /// A Service with at least one ready endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<NamedRef>,
+    /// A Job that has succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<NamedRef>,
+    /// At least one Ready Pod matching the selector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<PodsRef>,
+    /// Any object whose conditions hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<ObjectRef>,
+}
+
+/// A named object; the namespace defaults to the Pod's.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NamedRef {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// Pods selected by labels; the namespace defaults to the Pod's.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodsRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub selector: LabelSelector,
+}
+
+/// Any object, with conditions on its content.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Conditions on the object; all must hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Observed state of a rule.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`: True when the rule compiled and is in the index; False with the errors.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<StatusCondition>,
+}
+
+/// A rule for the objects of one namespace, managed by that namespace's owners. It applies only
+/// to namespaced objects in its own namespace and may not set `namespaces` or
+/// `namespaceSelector`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MutationRule {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: RuleSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<RuleStatus>,
+}
+
+impl MutationRule {
+    pub fn new(name: &str, namespace: &str, spec: RuleSpec) -> Self {
+        MutationRule {
+            api_version: API_VERSION.to_string(),
+            kind: "MutationRule".to_string(),
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(namespace.to_string()),
+                ..ObjectMeta::default()
+            },
+            spec,
+            status: None,
+        }
+    }
+
+    /// The CRD: the ClusterMutationRule schema, namespaced, with the namespace-owner limits
+    /// expressed as CEL so `kubectl apply` rejects them.
+    pub fn crd() -> CustomResourceDefinition {
+        let mut crd = ClusterMutationRule::crd();
+        crd.metadata.name = Some(format!("mutationrules.{GROUP}"));
+        let names = &mut crd.spec.names;
+        names.kind = "MutationRule".into();
+        names.list_kind = Some("MutationRuleList".into());
+        names.plural = "mutationrules".into();
+        names.singular = Some("mutationrule".into());
+        names.short_names = Some(vec!["mr".into()]);
+        crd.spec.scope = "Namespaced".into();
+        for version in &mut crd.spec.versions {
+            let Some(schema) = version
+                .schema
+                .as_mut()
+                .and_then(|s| s.open_api_v3_schema.as_mut())
+            else {
+                continue;
+            };
+            schema.description = Some(
+                "MutationRule mutates matching objects of its own namespace while the API server admits them; namespace owners manage it with RBAC."
+                    .into(),
+            );
+            if let Some(spec) = schema.properties.as_mut().and_then(|p| p.get_mut("spec")) {
+                add_validation(
+                    spec,
+                    "!has(self.match.namespaces) && !has(self.match.namespaceSelector)",
+                    "a MutationRule applies only to its own namespace: match.namespaces and match.namespaceSelector are for ClusterMutationRule",
+                );
+                add_validation(
+                    spec,
+                    "!has(self.exclude) || (!has(self.exclude.namespaces) && !has(self.exclude.namespaceSelector))",
+                    "a MutationRule applies only to its own namespace: exclude.namespaces and exclude.namespaceSelector are for ClusterMutationRule",
+                );
+            }
+        }
+        crd
+    }
+}
+
+fn add_validation(schema: &mut JSONSchemaProps, rule: &str, message: &str) {
+    schema
+        .x_kubernetes_validations
+        .get_or_insert_with(Vec::new)
+        .push(ValidationRule {
+            rule: rule.into(),
+            message: Some(message.into()),
+            ..ValidationRule::default()
+        });
+}
+
+impl Resource for MutationRule {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "MutationRule".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        GROUP.into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        VERSION.into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "mutationrules".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Both CRDs, MutationRule first.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![MutationRule::crd(), ClusterMutationRule::crd()]
+}
+
+fn any_json(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
+}
+
+fn any_json_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true })
+}

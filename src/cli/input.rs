@@ -1,0 +1,244 @@
+//! Reading documents for the offline commands: files, directories (recursive `*.yaml`,
+//! `*.yml`, `*.json`) or `-` (stdin); multi-document YAML, JSON, and `kind: List`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::{Error, Result};
+
+/// Inputs larger than this are refused rather than read into memory.
+pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+/// Deeper documents are refused: nothing in Kubernetes nests this far, and a bound keeps
+/// every later recursive walk safe.
+pub const MAX_DEPTH: usize = 100;
+
+/// One document and where it came from (`file.yaml#2`, `file.yaml#2 items[0]`).
+#[derive(Clone, Debug)]
+pub struct Document {
+    pub origin: String,
+    pub value: Value,
+}
+
+/// Expands files and directories into the list of files to read, sorted within each
+/// directory so runs are deterministic.
+pub fn expand(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for input in inputs {
+        if input.as_os_str() == "-" {
+            files.push(input.clone());
+        } else if input.is_dir() {
+            walk(input, &mut files)?;
+        } else if input.exists() {
+            files.push(input.clone());
+        } else {
+            return Err(Error::Input {
+                origin: input.display().to_string(),
+                message: "no such file or directory".into(),
+            });
+        }
+    }
+    Ok(files)
+}
+
+fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
+    let io = |e: std::io::Error| Error::Input {
+        origin: dir.display().to_string(),
+        message: e.to_string(),
+    };
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()
+        .map_err(io)?;
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            walk(&path, files)?;
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) {
+            files.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Reads every document of every input, in order.
+pub fn read_documents(inputs: &[PathBuf]) -> Result<Vec<Document>> {
+    let mut docs = Vec::new();
+    for file in expand(inputs)? {
+        let (origin, text) = read_text(&file)?;
+        docs.extend(parse_documents(&origin, &text)?);
+    }
+    Ok(docs)
+}
+
+fn read_text(file: &Path) -> Result<(String, String)> {
+    let origin = if file.as_os_str() == "-" {
+        "<stdin>".to_string()
+    } else {
+        file.display().to_string()
+    };
+    let io = |e: std::io::Error| Error::Input {
+        origin: origin.clone(),
+        message: e.to_string(),
+    };
+    let mut bytes = Vec::new();
+    if file.as_os_str() == "-" {
+        std::io::stdin()
+            .take(MAX_INPUT_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+    } else {
+        std::fs::File::open(file)
+            .and_then(|f| f.take(MAX_INPUT_BYTES + 1).read_to_end(&mut bytes))
+            .map_err(io)?;
+    }
+    if bytes.len() as u64 > MAX_INPUT_BYTES {
+        return Err(Error::Input {
+            origin,
+            message: format!("larger than {} MiB", MAX_INPUT_BYTES >> 20),
+        });
+    }
+    let text = String::from_utf8(bytes).map_err(|e| Error::Input {
+        origin: origin.clone(),
+        message: format!("not UTF-8 text: {e}"),
+    })?;
+    Ok((origin, text))
+}
+
+/// Parses the documents of one text: JSON when it starts with `{` or `[`, YAML otherwise.
+/// Empty documents are skipped; a `kind: List` is replaced by its items.
+pub fn parse_documents(origin: &str, text: &str) -> Result<Vec<Document>> {
+    let trimmed = text.trim_start();
+    let values: Vec<Value> = if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        let mut values = Vec::new();
+        for v in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
+            values.push(v.map_err(|e| Error::Input {
+                origin: origin.to_string(),
+                message: format!("invalid JSON: {e}"),
+            })?);
+        }
+        values
+    } else {
+        serde_saphyr::from_multiple::<Value>(text).map_err(|e| Error::Input {
+            origin: origin.to_string(),
+            message: format!("invalid YAML: {e}"),
+        })?
+    };
+    let many = values.len() > 1;
+    let mut docs = Vec::new();
+    for (i, value) in values.into_iter().enumerate() {
+        let origin = if many {
+            format!("{origin}#{}", i + 1)
+        } else {
+            origin.to_string()
+        };
+        push_document(origin, value, &mut docs)?;
+    }
+    Ok(docs)
+}
+
+fn push_document(origin: String, value: Value, docs: &mut Vec<Document>) -> Result<()> {
+    match value {
+        Value::Null => Ok(()),
+        Value::Array(items) => {
+            for (i, item) in items.into_iter().enumerate() {
+                push_document(format!("{origin} [{i}]"), item, docs)?;
+            }
+            Ok(())
+        }
+        Value::Object(ref map) => {
+            if depth(&value) > MAX_DEPTH {
+                return Err(Error::Input {
+                    origin,
+                    message: format!("nested deeper than {MAX_DEPTH} levels"),
+                });
+            }
+            let is_list = map
+                .get("kind")
+                .and_then(Value::as_str)
+                .is_some_and(|k| k == "List" || k.ends_with("List"))
+                && map.get("items").is_some_and(Value::is_array);
+            if is_list {
+                let Some(Value::Array(items)) = value.get("items").cloned() else {
+                    return Ok(());
+                };
+                for (i, item) in items.into_iter().enumerate() {
+                    push_document(format!("{origin} items[{i}]"), item, docs)?;
+                }
+                return Ok(());
+            }
+            docs.push(Document { origin, value });
+            Ok(())
+        }
+        other => Err(Error::Input {
+            origin,
+            message: format!(
+                "expected an object (a Kubernetes resource), found {}",
+                crate::engine::describe_value(&other)
+            ),
+        }),
+    }
+}
+
+/// Depth of nesting, iteratively (no recursion, so any input is safe to measure).
+fn depth(value: &Value) -> usize {
+    let mut max = 0;
+    let mut stack = vec![(value, 1usize)];
+    while let Some((v, d)) = stack.pop() {
+        max = max.max(d);
+        match v {
+            Value::Array(items) => stack.extend(items.iter().map(|i| (i, d + 1))),
+            Value::Object(map) => stack.extend(map.values().map(|i| (i, d + 1))),
+            _ => {}
+        }
+    }
+    max
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_json_and_lists() {
+        let docs = parse_documents(
+            "t",
+            "a: 1\n---\n---\nkind: List\napiVersion: v1\nitems:\n- {b: 2}\n- {c: 3}\n",
+        )
+        .unwrap();
+        let origins: Vec<_> = docs.iter().map(|d| d.origin.as_str()).collect();
+        assert_eq!(origins, vec!["t#1", "t#3 items[0]", "t#3 items[1]"]);
+        let docs = parse_documents("j", "{\"a\": 1} {\"b\": 2}").unwrap();
+        assert_eq!(docs.len(), 2);
+        let docs = parse_documents("j", "[{\"a\": 1}, {\"b\": 2}]").unwrap();
+        assert_eq!(docs[1].origin, "j [1]");
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        for (text, want) in [
+            ("a: [1, 2", "invalid YAML"),
+            ("{\"a\": ", "invalid JSON"),
+            ("- 1\n- 2\n", "expected an object"),
+            ("just text", "expected an object"),
+        ] {
+            let err = parse_documents("bad.yaml", text).unwrap_err().to_string();
+            assert!(err.starts_with("bad.yaml"), "{err}");
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+        let deep = format!("{}1{}", "[".repeat(150), "]".repeat(150));
+        let deep_obj = format!("{{\"a\":{deep}}}");
+        let err = parse_documents("deep.json", &deep_obj)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("invalid JSON") || err.contains("nested deeper"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,218 @@
+//! The offline commands: the engine with no cluster.
+
+pub mod input;
+pub mod offline;
+pub mod output;
+pub mod test;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+
+use crate::api::{self, Operation};
+use crate::{Error, Result};
+
+use offline::{Admitted, admit, describe_object, load_rules, namespace_labels};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "initium",
+    version,
+    about = "A declarative initializer for Kubernetes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Apply rules to objects offline and print the results.
+    Apply(ApplyArgs),
+    /// Compile rules and list every error.
+    Check(CheckArgs),
+    /// Run declarative test cases (see docs/testing.md).
+    Test(TestArgs),
+    /// Print the CustomResourceDefinitions (or write them to a directory).
+    Crd(CrdArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum OutputFormat {
+    Yaml,
+    Json,
+    Patch,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum OperationArg {
+    #[value(name = "CREATE", alias = "create")]
+    Create,
+    #[value(name = "UPDATE", alias = "update")]
+    Update,
+}
+
+impl From<OperationArg> for Operation {
+    fn from(op: OperationArg) -> Operation {
+        match op {
+            OperationArg::Create => Operation::Create,
+            OperationArg::Update => Operation::Update,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ApplyArgs {
+    /// Rule files or directories (`-` for stdin).
+    #[arg(short = 'r', long = "rules", required = true, num_args = 1..)]
+    pub rules: Vec<PathBuf>,
+    /// Object files or directories (`-` for stdin).
+    #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+    pub objects: Vec<PathBuf>,
+    /// Output: multi-document YAML, a JSON List, or one JSON patch line per object.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+    pub output: OutputFormat,
+    /// The admission operation to simulate.
+    #[arg(long, value_enum, default_value = "CREATE")]
+    pub operation: OperationArg,
+    /// Namespace for namespaced objects and MutationRules that do not name one.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// Rule files or directories (`-` for stdin).
+    #[arg(short = 'r', long = "rules", required = true, num_args = 1..)]
+    pub rules: Vec<PathBuf>,
+    /// Namespace for MutationRules that do not name one.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TestArgs {
+    /// Test files (`*initium-test.yaml`) or directories to search for them.
+    #[arg(required = true, num_args = 1..)]
+    pub paths: Vec<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CrdArgs {
+    /// Write one file per CRD into this directory instead of printing.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+}
+
+/// Runs a command, writing results to `out` and the report to `err`.
+pub fn run(command: Command, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
+    match command {
+        Command::Apply(args) => apply(args, out, err),
+        Command::Check(args) => check(args, out),
+        Command::Test(args) => test::run(&args.paths, out),
+        Command::Crd(args) => crd(args, out),
+    }
+}
+
+fn apply(args: ApplyArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<()> {
+    let rules = load_rules(&args.rules, &args.namespace)?;
+    if rules.ignored_documents > 0 {
+        report(
+            err,
+            &format!(
+                "note: {} non-rule document(s) in the rule inputs were ignored",
+                rules.ignored_documents
+            ),
+        )?;
+    }
+    let docs = input::read_documents(&args.objects)?;
+    let namespaces = namespace_labels(&docs);
+    let mut results = Vec::with_capacity(docs.len());
+    let mut denials = Vec::new();
+    for doc in &docs {
+        match admit(
+            &rules.index,
+            doc,
+            args.operation.into(),
+            &args.namespace,
+            &namespaces,
+        )? {
+            Admitted::Ok(outcome) => {
+                let what = describe_object(&doc.value);
+                if !outcome.applied.is_empty() {
+                    let applied: Vec<String> =
+                        outcome.applied.iter().map(|r| r.to_string()).collect();
+                    report(err, &format!("{what}: mutated by {}", applied.join(", ")))?;
+                }
+                for w in &outcome.warnings {
+                    report(err, &format!("{what}: warning: {w}"))?;
+                }
+                results.push(outcome);
+            }
+            Admitted::Denied(denial) => {
+                denials.push(format!("{}: denied: {denial}", describe_object(&doc.value)))
+            }
+        }
+    }
+    if !denials.is_empty() {
+        return Err(Error::Denied(denials.join("\n")));
+    }
+    let text = match args.output {
+        OutputFormat::Yaml => output::yaml_documents(results.iter().map(|o| &o.object))?,
+        OutputFormat::Json => {
+            let items: Vec<&Value> = results.iter().map(|o| &o.object).collect();
+            output::json_pretty(&json!({"apiVersion": "v1", "kind": "List", "items": items}))?
+        }
+        OutputFormat::Patch => {
+            let mut text = String::new();
+            for (doc, outcome) in docs.iter().zip(&results) {
+                let line = json!({
+                    "object": describe_object(&doc.value),
+                    "patch": outcome.patch,
+                });
+                text.push_str(
+                    &serde_json::to_string(&line).map_err(|e| Error::Output(e.to_string()))?,
+                );
+                text.push('\n');
+            }
+            text
+        }
+    };
+    out.write_all(text.as_bytes())
+        .map_err(|e| Error::Output(e.to_string()))
+}
+
+fn check(args: CheckArgs, out: &mut dyn Write) -> Result<()> {
+    let rules = load_rules(&args.rules, &args.namespace)?;
+    let mut text = String::new();
+    for rule in rules.index.rules() {
+        text.push_str(&format!("ok: {}\n", rule.id.describe()));
+    }
+    text.push_str(&format!("{} rule(s) valid\n", rules.index.len()));
+    out.write_all(text.as_bytes())
+        .map_err(|e| Error::Output(e.to_string()))
+}
+
+fn crd(args: CrdArgs, out: &mut dyn Write) -> Result<()> {
+    match args.out_dir {
+        None => out
+            .write_all(output::crds_yaml()?.as_bytes())
+            .map_err(|e| Error::Output(e.to_string())),
+        Some(dir) => {
+            for crd in api::crds() {
+                let name = crd.metadata.name.clone().unwrap_or_default();
+                let path = dir.join(format!("{name}.yaml"));
+                let text = output::crd_file(&crd)?;
+                std::fs::write(&path, text)
+                    .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn report(err: &mut dyn Write, line: &str) -> Result<()> {
+    writeln!(err, "{line}").map_err(|e| Error::Output(e.to_string()))
+}

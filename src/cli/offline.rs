@@ -1,0 +1,208 @@
+//! The offline admission run shared by `apply` and `test`: load rules, then put each object
+//! through the engine as the API server would.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::api::Operation;
+use crate::engine::{
+    Denial, Gvk, Outcome, RuleErrors, RuleIndex, RuleSource, Subject, compile_all,
+    is_rule_document, parse_rule,
+};
+use crate::{Error, Result};
+
+use super::input::{Document, read_documents};
+
+/// Built-in kinds that are cluster-scoped; any other object without `metadata.namespace`
+/// is taken to be in the default namespace, as `kubectl apply` would.
+const CLUSTER_SCOPED: &[&str] = &[
+    "Namespace",
+    "Node",
+    "PersistentVolume",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "StorageClass",
+    "PriorityClass",
+    "RuntimeClass",
+    "IngressClass",
+    "CSIDriver",
+    "CSINode",
+    "VolumeAttachment",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+    "APIService",
+    "CertificateSigningRequest",
+    "FlowSchema",
+    "PriorityLevelConfiguration",
+    "ClusterMutationRule",
+];
+
+/// Loaded rules: the index and how many non-rule documents were passed over.
+pub struct LoadedRules {
+    pub index: RuleIndex,
+    pub ignored_documents: usize,
+}
+
+/// Reads and compiles rules; any invalid rule is an error listing every problem of every rule.
+pub fn load_rules(inputs: &[PathBuf], default_namespace: &str) -> Result<LoadedRules> {
+    let docs = read_documents(inputs)?;
+    let (sources, ignored_documents, mut errors) = parse_rules(&docs, default_namespace);
+    let (compiled, compile_errors) = compile_all(&sources);
+    errors.extend(compile_errors);
+    if !errors.is_empty() {
+        return Err(Error::InvalidRules(errors));
+    }
+    Ok(LoadedRules {
+        index: RuleIndex::new(compiled),
+        ignored_documents,
+    })
+}
+
+/// Parses the rule documents among `docs`; returns the rules, the count of other documents,
+/// and the errors (including duplicate rules).
+pub fn parse_rules(
+    docs: &[Document],
+    default_namespace: &str,
+) -> (Vec<RuleSource>, usize, Vec<RuleErrors>) {
+    let mut sources: Vec<RuleSource> = Vec::new();
+    let mut errors = Vec::new();
+    let mut ignored = 0;
+    let mut seen = HashSet::new();
+    for doc in docs {
+        if !is_rule_document(&doc.value) {
+            ignored += 1;
+            continue;
+        }
+        match parse_rule(&doc.value, default_namespace) {
+            Ok(source) => {
+                if !seen.insert(source.id.clone()) {
+                    errors.push(RuleErrors {
+                        rule: source.id.describe(),
+                        errors: vec![crate::engine::FieldError::new(
+                            "metadata.name",
+                            format!("defined twice (again in {})", doc.origin),
+                        )],
+                    });
+                    continue;
+                }
+                sources.push(source);
+            }
+            Err(mut e) => {
+                e.rule = format!("{} ({})", e.rule, doc.origin);
+                errors.push(e);
+            }
+        }
+    }
+    (sources, ignored, errors)
+}
+
+/// Labels of the Namespace objects among the inputs, for `namespaceSelector`.
+pub fn namespace_labels(docs: &[Document]) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for doc in docs {
+        let v = &doc.value;
+        if v.get("kind").and_then(Value::as_str) != Some("Namespace") {
+            continue;
+        }
+        let Some(name) = v.pointer("/metadata/name").and_then(Value::as_str) else {
+            continue;
+        };
+        let labels = v
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.insert(name.to_string(), labels);
+    }
+    out
+}
+
+/// The result for one input object.
+pub enum Admitted {
+    Ok(Outcome),
+    Denied(Denial),
+}
+
+/// Puts one object through the engine the way the API server would present it.
+pub fn admit(
+    index: &RuleIndex,
+    doc: &Document,
+    operation: Operation,
+    default_namespace: &str,
+    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+) -> Result<Admitted> {
+    let object = &doc.value;
+    let bad = |message: String| Error::Input {
+        origin: doc.origin.clone(),
+        message,
+    };
+    let api_version = object
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("missing apiVersion".into()))?;
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("missing kind".into()))?;
+    if object.get("metadata").is_some_and(|m| !m.is_object()) {
+        return Err(bad("metadata must be an object".into()));
+    }
+    let gvk = Gvk::from_api_version(api_version, kind);
+    let meta_str = |f: &str| {
+        object
+            .pointer(&format!("/metadata/{f}"))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let namespace = match meta_str("namespace") {
+        Some(ns) => Some(ns),
+        None if CLUSTER_SCOPED.contains(&kind) => None,
+        None => Some(default_namespace),
+    };
+    let subject = Subject {
+        gvk: &gvk,
+        operation,
+        namespace,
+        name: meta_str("name"),
+        namespace_labels: namespace.and_then(|ns| namespaces.get(ns)),
+    };
+    Ok(match index.evaluate(&subject, object, None) {
+        Ok(outcome) => Admitted::Ok(outcome),
+        Err(denial) => Admitted::Denied(denial),
+    })
+}
+
+/// `Pod payments/web` for messages.
+pub fn describe_object(object: &Value) -> String {
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("object");
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .or_else(|| {
+            object
+                .pointer("/metadata/generateName")
+                .and_then(Value::as_str)
+        })
+        .unwrap_or("(unnamed)");
+    match object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+    {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}

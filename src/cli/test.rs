@@ -1,0 +1,294 @@
+//! `initium test`: declarative test cases for rules (the format is in docs/testing.md).
+//!
+//! A case passes when every object comes out as expected (or is denied as expected), the
+//! expected warnings appear, and applying the rules to the expected objects changes nothing
+//! (idempotence).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::api::Operation;
+use crate::{Error, Result};
+
+use super::input::{Document, parse_documents, read_documents};
+use super::offline::{Admitted, admit, describe_object, load_rules, namespace_labels};
+use super::output::yaml;
+
+/// File names that `initium test DIR` picks up.
+pub fn is_test_file(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n == "initium-test.yaml" || n.ends_with(".initium-test.yaml"))
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TestFile {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    metadata: Option<Value>,
+    /// Rule files or directories, relative to the test file.
+    rules: Vec<String>,
+    /// Namespace for objects and MutationRules without one (default `default`).
+    #[serde(default)]
+    namespace: Option<String>,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Case {
+    name: String,
+    #[serde(default)]
+    operation: Option<Operation>,
+    /// Input objects: file paths (relative to the test file) or inline objects.
+    objects: Vec<Source>,
+    /// Expected output objects, in the same order as the inputs.
+    #[serde(default)]
+    expected: Vec<Source>,
+    /// When set, the case expects the objects to be denied with a message containing this.
+    #[serde(default)]
+    expect_denied: Option<String>,
+    /// Substrings that must each appear in some warning.
+    #[serde(default)]
+    expect_warnings: Vec<String>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum Source {
+    File(String),
+    Inline(Value),
+}
+
+/// Runs every test file found under `paths`, prints a report, fails if any case fails.
+pub fn run(paths: &[PathBuf], out: &mut dyn Write) -> Result<()> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            find_tests(path, &mut files)?;
+        } else if path.exists() {
+            files.push(path.clone());
+        } else {
+            return Err(Error::Input {
+                origin: path.display().to_string(),
+                message: "no such file or directory".into(),
+            });
+        }
+    }
+    if files.is_empty() {
+        return Err(Error::Input {
+            origin: paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            message: "no test files (named initium-test.yaml or *.initium-test.yaml) found".into(),
+        });
+    }
+    let (mut passed, mut failed) = (0usize, 0usize);
+    let mut report = String::new();
+    for file in &files {
+        match run_file(file) {
+            Err(e) => {
+                failed += 1;
+                report.push_str(&format!("FAIL {}: {e}\n", file.display()));
+            }
+            Ok(results) => {
+                for (name, problems) in results {
+                    if problems.is_empty() {
+                        passed += 1;
+                        report.push_str(&format!("PASS {}: {name}\n", file.display()));
+                    } else {
+                        failed += 1;
+                        report.push_str(&format!("FAIL {}: {name}\n", file.display()));
+                        for p in problems {
+                            for line in p.lines() {
+                                report.push_str(&format!("    {line}\n"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    report.push_str(&format!("{passed} passed, {failed} failed\n"));
+    out.write_all(report.as_bytes())
+        .map_err(|e| Error::Output(e.to_string()))?;
+    if failed > 0 {
+        return Err(Error::TestsFailed {
+            failed,
+            total: passed + failed,
+        });
+    }
+    Ok(())
+}
+
+fn find_tests(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
+    for file in super::input::expand(&[dir.to_path_buf()])? {
+        if is_test_file(&file) {
+            files.push(file);
+        }
+    }
+    Ok(())
+}
+
+type CaseResults = Vec<(String, Vec<String>)>;
+
+fn run_file(file: &Path) -> Result<CaseResults> {
+    let origin = file.display().to_string();
+    let text = std::fs::read_to_string(file).map_err(|e| Error::Input {
+        origin: origin.clone(),
+        message: e.to_string(),
+    })?;
+    let value: Value = serde_saphyr::from_str(&text).map_err(|e| Error::Input {
+        origin: origin.clone(),
+        message: format!("invalid YAML: {e}"),
+    })?;
+    let test: TestFile = serde_path_to_error::deserialize(&value).map_err(|e| Error::Input {
+        origin: origin.clone(),
+        message: format!("{}: {}", e.path(), e.inner()),
+    })?;
+    if test.api_version != crate::api::API_VERSION || test.kind != "RuleTest" {
+        return Err(Error::Input {
+            origin,
+            message: format!(
+                "expected apiVersion {} and kind RuleTest",
+                crate::api::API_VERSION
+            ),
+        });
+    }
+    let _ = test.metadata;
+    let base = file.parent().unwrap_or(Path::new("."));
+    let namespace = test.namespace.as_deref().unwrap_or("default");
+    let rule_paths: Vec<PathBuf> = test.rules.iter().map(|r| base.join(r)).collect();
+    let rules = load_rules(&rule_paths, namespace)?;
+    let mut results = Vec::new();
+    for case in &test.cases {
+        let problems = run_case(case, base, &origin, namespace, &rules.index)?;
+        results.push((case.name.clone(), problems));
+    }
+    Ok(results)
+}
+
+fn load_sources(sources: &[Source], base: &Path, origin: &str) -> Result<Vec<Document>> {
+    let mut docs = Vec::new();
+    for (i, source) in sources.iter().enumerate() {
+        match source {
+            Source::File(path) => docs.extend(read_documents(&[base.join(path)])?),
+            Source::Inline(value) => {
+                let text =
+                    serde_json::to_string(value).map_err(|e| Error::Output(e.to_string()))?;
+                docs.extend(parse_documents(
+                    &format!("{origin} inline object {i}"),
+                    &text,
+                )?);
+            }
+        }
+    }
+    Ok(docs)
+}
+
+fn run_case(
+    case: &Case,
+    base: &Path,
+    origin: &str,
+    namespace: &str,
+    index: &crate::engine::RuleIndex,
+) -> Result<Vec<String>> {
+    let operation = case.operation.unwrap_or(Operation::Create);
+    let inputs = load_sources(&case.objects, base, origin)?;
+    let expected = load_sources(&case.expected, base, origin)?;
+    let mut namespaces: BTreeMap<String, BTreeMap<String, String>> = namespace_labels(&inputs);
+    namespaces.extend(namespace_labels(&expected));
+    let mut problems = Vec::new();
+    let mut outputs = Vec::new();
+    let mut warnings = Vec::new();
+    let mut denials = Vec::new();
+    for doc in &inputs {
+        match admit(index, doc, operation, namespace, &namespaces)? {
+            Admitted::Ok(outcome) => {
+                warnings.extend(outcome.warnings.clone());
+                outputs.push(outcome.object);
+            }
+            Admitted::Denied(d) => denials.push(format!("{}: {d}", describe_object(&doc.value))),
+        }
+    }
+    match &case.expect_denied {
+        Some(want) => {
+            if !denials.iter().any(|d| d.contains(want.as_str())) {
+                problems.push(format!(
+                    "expected a denial containing {want:?}, got {}",
+                    if denials.is_empty() {
+                        "none".to_string()
+                    } else {
+                        denials.join("; ")
+                    }
+                ));
+            }
+        }
+        None => problems.extend(denials.iter().map(|d| format!("unexpected denial: {d}"))),
+    }
+    for want in &case.expect_warnings {
+        if !warnings.iter().any(|w| w.contains(want.as_str())) {
+            problems.push(format!(
+                "expected a warning containing {want:?}; warnings: {warnings:?}"
+            ));
+        }
+    }
+    if case.expect_denied.is_some() {
+        return Ok(problems);
+    }
+    if expected.len() != outputs.len() {
+        problems.push(format!(
+            "{} input object(s) but {} expected object(s)",
+            outputs.len(),
+            expected.len()
+        ));
+        return Ok(problems);
+    }
+    for (actual, want) in outputs.iter().zip(&expected) {
+        if *actual != want.value {
+            problems.push(format!(
+                "{} differs from {}:\n{}",
+                describe_object(actual),
+                want.origin,
+                diff(&want.value, actual)?
+            ));
+        }
+    }
+    // Idempotence: the rules must leave their own expected output alone.
+    for want in &expected {
+        if let Admitted::Ok(again) = admit(index, want, operation, namespace, &namespaces)?
+            && again.object != want.value
+        {
+            problems.push(format!(
+                "not idempotent: applying the rules to {} changes it again ({}):\n{}",
+                want.origin,
+                again
+                    .applied
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                diff(&want.value, &again.object)?
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// A unified diff of the YAML renderings, expected first.
+pub fn diff(expected: &Value, actual: &Value) -> Result<String> {
+    let (a, b) = (yaml(expected)?, yaml(actual)?);
+    Ok(similar::TextDiff::from_lines(&a, &b)
+        .unified_diff()
+        .context_radius(3)
+        .header("expected", "actual")
+        .to_string())
+}

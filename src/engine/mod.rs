@@ -1,0 +1,35 @@
+//! The pure engine: rules in, compiled index; object in, mutated object + patch + report out.
+//! No Kubernetes client, no async, no I/O.
+
+mod error;
+mod evaluate;
+mod glob;
+mod index;
+mod kind;
+mod mutation;
+mod parse;
+mod path;
+mod rule;
+mod selector;
+mod template;
+
+pub use error::{FieldError, RuleErrors};
+pub use evaluate::{Denial, Outcome};
+pub use index::RuleIndex;
+pub use kind::{Gvk, KindPattern, Segment};
+pub use parse::{RuleSource, compile_document, is_rule_document, parse_rule};
+pub use path::type_name as describe_value;
+pub use rule::{CompiledGate, CompiledRule, RuleId, Subject, compile, parse_duration};
+
+/// Compiles every rule; the ones that fail are reported and left out, the others still work.
+pub fn compile_all(sources: &[RuleSource]) -> (Vec<CompiledRule>, Vec<RuleErrors>) {
+    let mut rules = Vec::new();
+    let mut errors = Vec::new();
+    for source in sources {
+        match compile(source.id.clone(), &source.spec) {
+            Ok(rule) => rules.push(rule),
+            Err(e) => errors.push(e),
+        }
+    }
+    (rules, errors)
+}

@@ -1,0 +1,443 @@
+//! Compiled mutations and how they change an object.
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{
+    AddOperation, CopyOperation, MoveOperation, PatchOperation, RemoveOperation, ReplaceOperation,
+    TestOperation,
+};
+use regex::Regex;
+use serde_json::Value;
+
+use crate::api::{self, PatchOp};
+
+use super::error::Errors;
+use super::path::{Pointer, Query, type_name};
+use super::template::{Scope, Template};
+
+/// Upper bound on a compiled regular expression, so a rule cannot make initium allocate
+/// without limit.
+pub const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+pub fn compile_regex(pattern: &str) -> Result<Regex, String> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .build()
+        .map_err(|e| format!("invalid regular expression {pattern:?}: {e}"))
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Mutation {
+    Merge(Template),
+    Patch(Vec<PatchStep>),
+    Upsert {
+        path: Pointer,
+        key: String,
+        value: Template,
+    },
+    Rewrite {
+        path: Pointer,
+        regex: Regex,
+        replacement: String,
+    },
+    ForEach {
+        query: Query,
+        mutations: Vec<Mutation>,
+        uses_element: bool,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct PatchStep {
+    op: PatchOp,
+    path: Pointer,
+    path_buf: PointerBuf,
+    from: Option<PointerBuf>,
+    value: Option<Template>,
+}
+
+/// The fields shared by top-level and `forEach` mutations.
+struct Parts<'a> {
+    merge: &'a Option<Value>,
+    patch: &'a Option<Vec<api::PatchOperation>>,
+    upsert: &'a Option<api::Upsert>,
+    rewrite: &'a Option<api::Rewrite>,
+}
+
+pub(crate) fn compile(m: &api::Mutation, at: &str, errors: &mut Errors) -> Option<Mutation> {
+    let parts = Parts {
+        merge: &m.merge,
+        patch: &m.patch,
+        upsert: &m.upsert,
+        rewrite: &m.rewrite,
+    };
+    let set = [
+        m.merge.is_some(),
+        m.patch.is_some(),
+        m.upsert.is_some(),
+        m.for_each.is_some(),
+        m.rewrite.is_some(),
+    ]
+    .iter()
+    .filter(|x| **x)
+    .count();
+    if set != 1 {
+        errors.push(
+            at,
+            format!("set exactly one of merge, patch, upsert, forEach, rewrite (found {set})"),
+        );
+        return None;
+    }
+    if m.mutations.is_some() && m.for_each.is_none() {
+        errors.push(format!("{at}.mutations"), "mutations go with forEach");
+        return None;
+    }
+    let Some(for_each) = &m.for_each else {
+        return compile_parts(&parts, at, false, errors);
+    };
+    let query = match Query::parse(for_each) {
+        Ok(q) => Some(q),
+        Err(e) => {
+            errors.push(format!("{at}.forEach"), e);
+            None
+        }
+    };
+    let nested = match &m.mutations {
+        Some(list) if !list.is_empty() => list,
+        _ => {
+            errors.push(
+                format!("{at}.mutations"),
+                "forEach needs at least one mutation",
+            );
+            return None;
+        }
+    };
+    let mut mutations = Vec::new();
+    for (i, n) in nested.iter().enumerate() {
+        let at = format!("{at}.mutations[{i}]");
+        let parts = Parts {
+            merge: &n.merge,
+            patch: &n.patch,
+            upsert: &n.upsert,
+            rewrite: &n.rewrite,
+        };
+        let set = [
+            n.merge.is_some(),
+            n.patch.is_some(),
+            n.upsert.is_some(),
+            n.rewrite.is_some(),
+        ]
+        .iter()
+        .filter(|x| **x)
+        .count();
+        if set != 1 {
+            errors.push(
+                &at,
+                format!("set exactly one of merge, patch, upsert, rewrite (found {set})"),
+            );
+            continue;
+        }
+        if let Some(m) = compile_parts(&parts, &at, true, errors) {
+            mutations.push(m);
+        }
+    }
+    let uses_element = mutations.iter().any(Mutation::uses_element);
+    Some(Mutation::ForEach {
+        query: query?,
+        mutations,
+        uses_element,
+    })
+}
+
+fn compile_parts(p: &Parts, at: &str, in_for_each: bool, errors: &mut Errors) -> Option<Mutation> {
+    let template = |value: &Value, field: String, errors: &mut Errors| match Template::compile(
+        value,
+        in_for_each,
+    ) {
+        Ok(t) => Some(t),
+        Err((inner, message)) => {
+            let where_ = if inner.is_empty() {
+                field
+            } else {
+                format!("{field} (at {inner})")
+            };
+            errors.push(where_, message);
+            None
+        }
+    };
+    let pointer = |text: &str, field: String, errors: &mut Errors| match Pointer::parse(text) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            errors.push(field, e);
+            None
+        }
+    };
+    if let Some(merge) = p.merge {
+        if !merge.is_object() {
+            errors.push(
+                format!("{at}.merge"),
+                format!("a merge patch must be an object, not {}", type_name(merge)),
+            );
+            return None;
+        }
+        return template(merge, format!("{at}.merge"), errors).map(Mutation::Merge);
+    }
+    if let Some(ops) = p.patch {
+        if ops.is_empty() {
+            errors.push(format!("{at}.patch"), "needs at least one operation");
+            return None;
+        }
+        let before = errors.errors.len();
+        let mut steps = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            let at = format!("{at}.patch[{i}]");
+            let path = pointer(&op.path, format!("{at}.path"), errors);
+            let from = match (&op.op, &op.from) {
+                (PatchOp::Move | PatchOp::Copy, Some(f)) => {
+                    pointer(f, format!("{at}.from"), errors)
+                }
+                (PatchOp::Move | PatchOp::Copy, None) => {
+                    errors.push(
+                        format!("{at}.from"),
+                        format!("{:?} needs from", op.op).to_lowercase(),
+                    );
+                    None
+                }
+                (_, Some(_)) => {
+                    errors.push(format!("{at}.from"), "only move and copy take from");
+                    None
+                }
+                (_, None) => None,
+            };
+            let value = match (&op.op, &op.value) {
+                (PatchOp::Add | PatchOp::Replace | PatchOp::Test, Some(v)) => {
+                    template(v, format!("{at}.value"), errors)
+                }
+                (PatchOp::Add | PatchOp::Replace | PatchOp::Test, None) => {
+                    errors.push(
+                        format!("{at}.value"),
+                        format!("{:?} needs a value", op.op).to_lowercase(),
+                    );
+                    None
+                }
+                (_, Some(_)) => {
+                    errors.push(
+                        format!("{at}.value"),
+                        "only add, replace and test take a value",
+                    );
+                    None
+                }
+                (_, None) => None,
+            };
+            if let Some(path) = path {
+                let Ok(path_buf) = PointerBuf::parse(path.as_str()) else {
+                    errors.push(
+                        format!("{at}.path"),
+                        format!("invalid JSON pointer {:?}", op.path),
+                    );
+                    continue;
+                };
+                let from = from.and_then(|f| PointerBuf::parse(f.as_str()).ok());
+                steps.push(PatchStep {
+                    op: op.op,
+                    path,
+                    path_buf,
+                    from,
+                    value,
+                });
+            }
+        }
+        return (errors.errors.len() == before).then_some(Mutation::Patch(steps));
+    }
+    if let Some(u) = p.upsert {
+        let path = pointer(&u.path, format!("{at}.upsert.path"), errors);
+        if u.key.is_empty() {
+            errors.push(
+                format!("{at}.upsert.key"),
+                "must name the field that identifies an element",
+            );
+        }
+        match u.value.get(&u.key) {
+            _ if !u.value.is_object() => {
+                errors.push(
+                    format!("{at}.upsert.value"),
+                    format!("must be an object, not {}", type_name(&u.value)),
+                );
+            }
+            None if !u.key.is_empty() => {
+                errors.push(
+                    format!("{at}.upsert.value"),
+                    format!("has no key field {:?}", u.key),
+                );
+            }
+            _ => {}
+        }
+        let value = template(&u.value, format!("{at}.upsert.value"), errors);
+        if u.key.is_empty() || !u.value.get(&u.key).is_some() {
+            return None;
+        }
+        return Some(Mutation::Upsert {
+            path: path?,
+            key: u.key.clone(),
+            value: value?,
+        });
+    }
+    if let Some(r) = p.rewrite {
+        let path = pointer(&r.path, format!("{at}.rewrite.path"), errors);
+        let regex = match compile_regex(&r.regex) {
+            Ok(re) => Some(re),
+            Err(e) => {
+                errors.push(format!("{at}.rewrite.regex"), e);
+                None
+            }
+        };
+        return Some(Mutation::Rewrite {
+            path: path?,
+            regex: regex?,
+            replacement: r.replacement.clone(),
+        });
+    }
+    None
+}
+
+impl Mutation {
+    fn uses_element(&self) -> bool {
+        match self {
+            Mutation::Merge(t) => t.uses_element(),
+            Mutation::Patch(steps) => steps
+                .iter()
+                .any(|s| s.value.as_ref().is_some_and(Template::uses_element)),
+            Mutation::Upsert { value, .. } => value.uses_element(),
+            Mutation::Rewrite { .. } => false,
+            Mutation::ForEach { uses_element, .. } => *uses_element,
+        }
+    }
+
+    /// Applies the mutation to `target` (the object, or a `forEach` element). `scope` is what
+    /// templates read. The error says what went wrong, without the rule name.
+    pub(crate) fn apply(&self, target: &mut Value, scope: &Scope) -> Result<(), String> {
+        match self {
+            Mutation::Merge(patch) => {
+                match patch.literal() {
+                    Some(p) => json_patch::merge(target, p),
+                    None => json_patch::merge(target, &patch.render(scope)?),
+                }
+                Ok(())
+            }
+            Mutation::Patch(steps) => {
+                for (i, step) in steps.iter().enumerate() {
+                    step.apply(target, scope)
+                        .map_err(|e| format!("patch[{i}] {}: {e}", step.describe()))?;
+                }
+                Ok(())
+            }
+            Mutation::Upsert { path, key, value } => {
+                upsert(target, path, key, &value.render(scope)?)
+            }
+            Mutation::Rewrite {
+                path,
+                regex,
+                replacement,
+            } => match path.get_mut(target) {
+                None => Ok(()),
+                Some(Value::String(s)) => {
+                    if let std::borrow::Cow::Owned(new) = regex.replace_all(s, replacement.as_str())
+                    {
+                        *s = new;
+                    }
+                    Ok(())
+                }
+                Some(other) => Err(format!(
+                    "rewrite {}: the field is {}, not a string",
+                    path.as_str(),
+                    type_name(other)
+                )),
+            },
+            Mutation::ForEach {
+                query,
+                mutations,
+                uses_element,
+            } => {
+                for pointer in query.locate(target) {
+                    let element = if *uses_element {
+                        pointer.get(target).cloned()
+                    } else {
+                        None
+                    };
+                    let Some(slot) = pointer.get_mut(target) else {
+                        continue;
+                    };
+                    let scope = Scope {
+                        object: scope.object,
+                        element: element.as_ref(),
+                    };
+                    for m in mutations {
+                        m.apply(slot, &scope)
+                            .map_err(|e| format!("forEach element {}: {e}", pointer.as_str()))?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl PatchStep {
+    fn describe(&self) -> String {
+        format!("{:?} {}", self.op, self.path.as_str()).to_lowercase()
+    }
+
+    fn apply(&self, target: &mut Value, scope: &Scope) -> Result<(), String> {
+        let value = match &self.value {
+            Some(t) => t.render(scope)?,
+            None => Value::Null,
+        };
+        let path = self.path_buf.clone();
+        let from = || self.from.clone().unwrap_or_default();
+        let op = match self.op {
+            PatchOp::Add => {
+                // Unlike plain RFC 6902, add creates missing parent objects, so a rule does not
+                // depend on whether the object already has, say, annotations.
+                if let Some((_, parents)) = self.path.tokens().split_last() {
+                    Pointer::from_tokens(parents.to_vec())
+                        .get_or_create(target, || Value::Object(Default::default()))?;
+                }
+                PatchOperation::Add(AddOperation { path, value })
+            }
+            PatchOp::Remove => PatchOperation::Remove(RemoveOperation { path }),
+            PatchOp::Replace => PatchOperation::Replace(ReplaceOperation { path, value }),
+            PatchOp::Move => PatchOperation::Move(MoveOperation { from: from(), path }),
+            PatchOp::Copy => PatchOperation::Copy(CopyOperation { from: from(), path }),
+            PatchOp::Test => PatchOperation::Test(TestOperation { path, value }),
+        };
+        json_patch::patch(target, &[op]).map_err(|e| e.kind.to_string())
+    }
+}
+
+fn upsert(target: &mut Value, path: &Pointer, key: &str, value: &Value) -> Result<(), String> {
+    let Some(id) = value.get(key) else {
+        return Err(format!(
+            "upsert {}: the value has no key field {key:?}",
+            path.as_str()
+        ));
+    };
+    let list = path.get_or_create(target, || Value::Array(Vec::new()))?;
+    if list.is_null() {
+        *list = Value::Array(Vec::new());
+    }
+    let Value::Array(items) = list else {
+        return Err(format!(
+            "upsert {}: the field is {}, not a list",
+            path.as_str(),
+            type_name(list)
+        ));
+    };
+    match items.iter_mut().find(|item| item.get(key) == Some(id)) {
+        Some(existing) => {
+            if existing != value {
+                *existing = value.clone();
+            }
+        }
+        None => items.push(value.clone()),
+    }
+    Ok(())
+}

@@ -1,0 +1,552 @@
+//! A rule compiled for evaluation: matchers, conditions and mutations, all validated.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use regex::Regex;
+use serde_json::Value;
+
+use crate::api::{FailurePolicy, MatchResources, Operation, RuleSpec};
+
+use super::error::{Errors, RuleErrors};
+use super::glob::Glob;
+use super::kind::{Gvk, KindPattern};
+use super::mutation::{self, Mutation, compile_regex};
+use super::path::Query;
+use super::selector::Selector;
+use super::template::Scope;
+
+/// Which rule: a ClusterMutationRule `name`, or a MutationRule `namespace/name`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RuleId {
+    /// `Some` for a MutationRule.
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl RuleId {
+    pub fn cluster(name: &str) -> RuleId {
+        RuleId {
+            namespace: None,
+            name: name.into(),
+        }
+    }
+
+    pub fn namespaced(namespace: &str, name: &str) -> RuleId {
+        RuleId {
+            namespace: Some(namespace.into()),
+            name: name.into(),
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        if self.namespace.is_some() {
+            "MutationRule"
+        } else {
+            "ClusterMutationRule"
+        }
+    }
+
+    /// `MutationRule payments/test-certs`.
+    pub fn describe(&self) -> String {
+        format!("{} {}", self.kind(), self)
+    }
+}
+
+impl fmt::Display for RuleId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// The total order of DESIGN.md §1: priority, ClusterMutationRule before MutationRule,
+/// namespace, name.
+impl Ord for RuleId {
+    fn cmp(&self, other: &RuleId) -> Ordering {
+        (self.namespace.is_some(), &self.namespace, &self.name).cmp(&(
+            other.namespace.is_some(),
+            &other.namespace,
+            &other.name,
+        ))
+    }
+}
+
+impl PartialOrd for RuleId {
+    fn partial_cmp(&self, other: &RuleId) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// What the engine knows about the object under admission besides its content: at admission,
+/// `metadata.namespace` and `metadata.name` of the object may still be empty.
+#[derive(Clone, Debug)]
+pub struct Subject<'a> {
+    pub gvk: &'a Gvk,
+    pub operation: Operation,
+    /// The request's namespace; `None` for cluster-scoped objects.
+    pub namespace: Option<&'a str>,
+    /// The request's name, when known.
+    pub name: Option<&'a str>,
+    /// Labels of the object's Namespace (for `namespaceSelector`); `None` = unknown (no labels).
+    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+}
+
+impl Subject<'_> {
+    fn is_namespace_object(&self) -> bool {
+        self.gvk.group.is_empty() && self.gvk.kind == "Namespace"
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Matcher {
+    kinds: Vec<KindPattern>,
+    operations: Option<Vec<Operation>>,
+    names: Vec<Glob>,
+    namespaces: Vec<Glob>,
+    namespace_selector: Option<Selector>,
+    labels: Option<Selector>,
+    annotations: Vec<(String, Glob)>,
+}
+
+impl Matcher {
+    fn compile(m: &MatchResources, at: &str, is_exclude: bool, errors: &mut Errors) -> Matcher {
+        let mut kinds = Vec::new();
+        for (i, k) in m.kinds.iter().enumerate() {
+            match KindPattern::parse(k) {
+                Ok(p) => kinds.push(p),
+                Err(e) => errors.push(format!("{at}.kinds[{i}]"), e),
+            }
+        }
+        if !is_exclude && m.kinds.is_empty() {
+            errors.push(
+                format!("{at}.kinds"),
+                "list at least one kind, e.g. [Pod] (use [\"*\"] for every kind)",
+            );
+        }
+        if let Some(ops) = &m.operations
+            && ops.is_empty()
+        {
+            errors.push(
+                format!("{at}.operations"),
+                "list at least one operation (CREATE, UPDATE) or leave it out",
+            );
+        }
+        let operations = match &m.operations {
+            Some(ops) => Some(ops.clone()),
+            None if is_exclude => None,
+            None => Some(vec![Operation::Create]),
+        };
+        let names_ok = |list: &[String], field: &str, errors: &mut Errors| {
+            for (i, n) in list.iter().enumerate() {
+                if n.is_empty() {
+                    errors.push(
+                        format!("{at}.{field}[{i}]"),
+                        "empty pattern matches nothing; use \"*\" for any",
+                    );
+                }
+            }
+        };
+        names_ok(&m.names, "names", errors);
+        names_ok(&m.namespaces, "namespaces", errors);
+        let namespace_selector = m
+            .namespace_selector
+            .as_ref()
+            .map(|s| Selector::compile(s, &format!("{at}.namespaceSelector"), errors));
+        let labels = m
+            .labels
+            .as_ref()
+            .map(|s| Selector::compile(s, &format!("{at}.labels"), errors));
+        Matcher {
+            kinds,
+            operations,
+            names: m.names.iter().map(|n| Glob::new(n)).collect(),
+            namespaces: m.namespaces.iter().map(|n| Glob::new(n)).collect(),
+            namespace_selector,
+            labels,
+            annotations: m
+                .annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), Glob::new(v)))
+                .collect(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+            && self.operations.is_none()
+            && self.names.is_empty()
+            && self.namespaces.is_empty()
+            && self.namespace_selector.is_none()
+            && self.labels.is_none()
+            && self.annotations.is_empty()
+    }
+
+    fn matches(&self, subject: &Subject, object: &Value) -> bool {
+        if !self.kinds.is_empty() && !self.kinds.iter().any(|k| k.matches(subject.gvk)) {
+            return false;
+        }
+        if let Some(ops) = &self.operations
+            && !ops.contains(&subject.operation)
+        {
+            return false;
+        }
+        let metadata = object.get("metadata");
+        let meta_str = |field: &str| {
+            metadata
+                .and_then(|m| m.get(field))
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
+        if !self.names.is_empty() {
+            let name = subject
+                .name
+                .filter(|n| !n.is_empty())
+                .or_else(|| meta_str("name"))
+                .or_else(|| meta_str("generateName"))
+                .unwrap_or("");
+            if !self.names.iter().any(|g| g.matches(name)) {
+                return false;
+            }
+        }
+        // A rule restricted by namespace applies to namespaced objects, and to Namespace
+        // objects by their own name and labels; never to other cluster-scoped objects.
+        let namespace = if subject.is_namespace_object() {
+            subject
+                .name
+                .filter(|n| !n.is_empty())
+                .or_else(|| meta_str("name"))
+        } else {
+            subject.namespace.filter(|n| !n.is_empty())
+        };
+        if !self.namespaces.is_empty() {
+            match namespace {
+                Some(ns) if self.namespaces.iter().any(|g| g.matches(ns)) => {}
+                _ => return false,
+            }
+        }
+        if let Some(selector) = &self.namespace_selector {
+            let holds = if subject.is_namespace_object() {
+                selector.matches(
+                    metadata
+                        .and_then(|m| m.get("labels"))
+                        .and_then(Value::as_object),
+                )
+            } else if namespace.is_some() {
+                match subject.namespace_labels {
+                    Some(labels) => selector.matches_map(labels),
+                    None => selector.matches_map(&BTreeMap::new()),
+                }
+            } else {
+                false
+            };
+            if !holds {
+                return false;
+            }
+        }
+        if let Some(selector) = &self.labels
+            && !selector.matches(
+                metadata
+                    .and_then(|m| m.get("labels"))
+                    .and_then(Value::as_object),
+            )
+        {
+            return false;
+        }
+        if !self.annotations.is_empty() {
+            let annotations = metadata
+                .and_then(|m| m.get("annotations"))
+                .and_then(Value::as_object);
+            for (key, glob) in &self.annotations {
+                match annotations.and_then(|a| a.get(key)).and_then(Value::as_str) {
+                    Some(v) if glob.matches(v) => {}
+                    _ => return false,
+                }
+            }
+        }
+        true
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Test {
+    Matches(Regex),
+    Equals(Value),
+    Exists(bool),
+}
+
+#[derive(Clone, Debug)]
+struct Condition {
+    query: Query,
+    test: Test,
+}
+
+impl Condition {
+    fn holds(&self, object: &Value) -> bool {
+        let found = self.query.select(object);
+        match &self.test {
+            Test::Matches(re) => found
+                .iter()
+                .any(|v| v.as_str().is_some_and(|s| re.is_match(s))),
+            Test::Equals(want) => found.iter().any(|v| *v == want),
+            Test::Exists(want) => found.is_empty() != *want,
+        }
+    }
+}
+
+/// The gate of a rule, compiled (acted on by the gate controller).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompiledGate {
+    pub timeout: Duration,
+}
+
+/// A rule ready for the index.
+#[derive(Clone, Debug)]
+pub struct CompiledRule {
+    pub id: RuleId,
+    pub priority: i32,
+    pub failure_policy: FailurePolicy,
+    matcher: Matcher,
+    exclude: Option<Matcher>,
+    conditions: Vec<Condition>,
+    mutations: Vec<Mutation>,
+    pub gate: Option<CompiledGate>,
+}
+
+/// The outcome of running one rule on an object.
+pub(crate) enum RuleResult {
+    NotMatched,
+    Unchanged,
+    Changed(Value),
+    Failed(String),
+}
+
+impl CompiledRule {
+    pub fn kinds(&self) -> &[KindPattern] {
+        &self.matcher.kinds
+    }
+
+    /// The operations the rule can act on (for the webhook configuration).
+    pub fn operations(&self) -> &[Operation] {
+        self.matcher.operations.as_deref().unwrap_or(&[])
+    }
+
+    /// Namespace names the rule is limited to when they are all literal (for the index).
+    pub(crate) fn literal_namespaces(&self) -> Option<Vec<String>> {
+        if self.matcher.namespaces.is_empty() {
+            return None;
+        }
+        self.matcher.namespaces.iter().map(Glob::literal).collect()
+    }
+
+    pub(crate) fn order(&self, other: &CompiledRule) -> Ordering {
+        self.priority
+            .cmp(&other.priority)
+            .then_with(|| self.id.cmp(&other.id))
+    }
+
+    pub(crate) fn matches(&self, subject: &Subject, object: &Value) -> bool {
+        self.matcher.matches(subject, object)
+            && !self
+                .exclude
+                .as_ref()
+                .is_some_and(|e| e.matches(subject, object))
+            && self.conditions.iter().all(|c| c.holds(object))
+    }
+
+    /// Runs the rule on `object`. The rule is atomic: it works on a copy and returns it only
+    /// when every mutation succeeded and something changed.
+    pub(crate) fn run(&self, subject: &Subject, object: &Value) -> RuleResult {
+        if !self.matches(subject, object) {
+            return RuleResult::NotMatched;
+        }
+        let mut working = object.clone();
+        let scope = Scope {
+            object,
+            element: None,
+        };
+        for (i, m) in self.mutations.iter().enumerate() {
+            if let Err(e) = m.apply(&mut working, &scope) {
+                return RuleResult::Failed(format!("spec.mutations[{i}]: {e}"));
+            }
+        }
+        if working == *object {
+            RuleResult::Unchanged
+        } else {
+            RuleResult::Changed(working)
+        }
+    }
+}
+
+/// Compiles a rule, or lists every problem in it with its field path.
+pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> {
+    let mut errors = Errors::default();
+    let matcher = Matcher::compile(&spec.match_, "spec.match", false, &mut errors);
+    let exclude = spec
+        .exclude
+        .as_ref()
+        .map(|e| Matcher::compile(e, "spec.exclude", true, &mut errors));
+    if exclude.as_ref().is_some_and(Matcher::is_empty) {
+        errors.push(
+            "spec.exclude",
+            "an empty exclude would skip every object; give at least one field or remove it",
+        );
+    }
+    if id.namespace.is_some() {
+        for (field, m) in [
+            ("spec.match", Some(&spec.match_)),
+            ("spec.exclude", spec.exclude.as_ref()),
+        ] {
+            let Some(m) = m else { continue };
+            if !m.namespaces.is_empty() {
+                errors.push(
+                    format!("{field}.namespaces"),
+                    "a MutationRule applies only to its own namespace; use a ClusterMutationRule",
+                );
+            }
+            if m.namespace_selector.is_some() {
+                errors.push(
+                    format!("{field}.namespaceSelector"),
+                    "a MutationRule applies only to its own namespace; use a ClusterMutationRule",
+                );
+            }
+        }
+    }
+    let mut conditions = Vec::new();
+    for (i, c) in spec.conditions.iter().enumerate() {
+        let at = format!("spec.conditions[{i}]");
+        let query = Query::parse(&c.path)
+            .map_err(|e| errors.push(format!("{at}.path"), e))
+            .ok();
+        let set = [c.matches.is_some(), c.equals.is_some(), c.exists.is_some()]
+            .iter()
+            .filter(|x| **x)
+            .count();
+        let test = match (&c.matches, &c.equals, c.exists) {
+            _ if set != 1 => {
+                errors.push(
+                    &at,
+                    format!("set exactly one of matches, equals, exists (found {set})"),
+                );
+                None
+            }
+            (Some(re), _, _) => compile_regex(re)
+                .map(Test::Matches)
+                .map_err(|e| errors.push(format!("{at}.matches"), e))
+                .ok(),
+            (_, Some(v), _) => Some(Test::Equals(v.clone())),
+            (_, _, Some(b)) => Some(Test::Exists(b)),
+            _ => None,
+        };
+        if let (Some(query), Some(test)) = (query, test) {
+            conditions.push(Condition { query, test });
+        }
+    }
+    if spec.mutations.is_empty() {
+        errors.push("spec.mutations", "a rule needs at least one mutation");
+    }
+    let mutations: Vec<Mutation> = spec
+        .mutations
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| mutation::compile(m, &format!("spec.mutations[{i}]"), &mut errors))
+        .collect();
+    let gate = spec.gate.as_ref().and_then(|g| {
+        let only_pods = !matcher.kinds.is_empty()
+            && matcher.kinds.iter().all(|k| {
+                k.kind.exact() == Some("Pod") && k.group.exact().is_none_or(str::is_empty)
+            });
+        if !only_pods {
+            errors.push(
+                "spec.gate",
+                "a gate holds Pods through scheduling gates: match.kinds must be only Pod",
+            );
+        }
+        let timeout = match g.timeout.as_deref() {
+            None => Some(Duration::from_secs(600)),
+            Some(t) => parse_duration(t)
+                .map_err(|e| errors.push("spec.gate.timeout", e))
+                .ok(),
+        };
+        if g.wait_for.is_empty() {
+            errors.push("spec.gate.waitFor", "list at least one dependency");
+        }
+        for (i, d) in g.wait_for.iter().enumerate() {
+            let set = [
+                d.service.is_some(),
+                d.job.is_some(),
+                d.pods.is_some(),
+                d.object.is_some(),
+            ]
+            .iter()
+            .filter(|x| **x)
+            .count();
+            if set != 1 {
+                errors.push(
+                    format!("spec.gate.waitFor[{i}]"),
+                    format!("set exactly one of service, job, pods, object (found {set})"),
+                );
+            }
+            if let Some(o) = &d.object {
+                for (j, c) in o.conditions.iter().enumerate() {
+                    if let Err(e) = Query::parse(&c.path) {
+                        errors.push(
+                            format!("spec.gate.waitFor[{i}].object.conditions[{j}].path"),
+                            e,
+                        );
+                    }
+                }
+            }
+        }
+        timeout.map(|timeout| CompiledGate { timeout })
+    });
+    if !errors.errors.is_empty() {
+        return Err(RuleErrors {
+            rule: id.describe(),
+            errors: errors.errors,
+        });
+    }
+    Ok(CompiledRule {
+        id,
+        priority: spec.priority,
+        failure_policy: spec.failure_policy,
+        matcher,
+        exclude,
+        conditions,
+        mutations,
+        gate,
+    })
+}
+
+/// `30s`, `10m`, `1h`, `1h30m`, `500ms`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad =
+        || format!("invalid duration {text:?}: use a number with a unit, like 30s, 10m or 1h30m");
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            _ => return Err(bad()),
+        };
+        total = total.saturating_add(unit);
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}

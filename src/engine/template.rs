@@ -1,0 +1,319 @@
+//! `{{ <JSONPath> }}` templates in mutation values. `$` is the object (as the rule found it),
+//! `@` the current `forEach` element. A template that is the whole string keeps the selected
+//! value's JSON type; inside a longer string the value must be a scalar.
+
+use serde_json::{Map, Value};
+
+use super::path::{Query, type_name};
+
+#[derive(Clone, Debug, PartialEq)]
+enum Root {
+    Object,
+    Element,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Expr {
+    root: Root,
+    query: Query,
+    source: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Part {
+    Text(String),
+    Expr(Expr),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Node {
+    Literal(Value),
+    Whole(Expr),
+    Parts(Vec<Part>),
+    Array(Vec<Node>),
+    Object(Vec<(String, Node)>),
+}
+
+/// A mutation value with its templates compiled. Values without templates are kept as they
+/// are and rendered by a clone.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Template {
+    node: Node,
+    uses_element: bool,
+}
+
+/// What templates can refer to.
+pub struct Scope<'a> {
+    pub object: &'a Value,
+    pub element: Option<&'a Value>,
+}
+
+impl Template {
+    /// Compiles every string in `value`. `element_allowed` is false outside `forEach`.
+    /// Errors are `(json pointer inside the value, message)`.
+    pub fn compile(value: &Value, element_allowed: bool) -> Result<Template, (String, String)> {
+        let mut uses_element = false;
+        let node = compile_node(value, "", element_allowed, &mut uses_element)?;
+        Ok(Template { node, uses_element })
+    }
+
+    pub fn uses_element(&self) -> bool {
+        self.uses_element
+    }
+
+    /// The literal value, when there is no template in it.
+    pub fn literal(&self) -> Option<&Value> {
+        match &self.node {
+            Node::Literal(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn render(&self, scope: &Scope) -> Result<Value, String> {
+        render_node(&self.node, scope)
+    }
+}
+
+fn compile_node(
+    value: &Value,
+    at: &str,
+    element_allowed: bool,
+    uses_element: &mut bool,
+) -> Result<Node, (String, String)> {
+    let node = match value {
+        Value::String(s) => {
+            compile_string(s, element_allowed, uses_element).map_err(|e| (at.to_string(), e))?
+        }
+        Value::Array(items) => {
+            let nodes = items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| compile_node(v, &format!("{at}/{i}"), element_allowed, uses_element))
+                .collect::<Result<Vec<_>, _>>()?;
+            if nodes.iter().all(|n| matches!(n, Node::Literal(_))) {
+                Node::Literal(value.clone())
+            } else {
+                Node::Array(nodes)
+            }
+        }
+        Value::Object(map) => {
+            let nodes = map
+                .iter()
+                .map(|(k, v)| {
+                    let escaped = k.replace('~', "~0").replace('/', "~1");
+                    compile_node(v, &format!("{at}/{escaped}"), element_allowed, uses_element)
+                        .map(|n| (k.clone(), n))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if nodes.iter().all(|(_, n)| matches!(n, Node::Literal(_))) {
+                Node::Literal(value.clone())
+            } else {
+                Node::Object(nodes)
+            }
+        }
+        other => Node::Literal(other.clone()),
+    };
+    Ok(node)
+}
+
+fn compile_string(s: &str, element_allowed: bool, uses_element: &mut bool) -> Result<Node, String> {
+    if !s.contains("{{") {
+        return Ok(Node::Literal(Value::String(s.to_string())));
+    }
+    let mut parts = Vec::new();
+    let mut rest = s;
+    while let Some(start) = rest.find("{{") {
+        if start > 0 {
+            parts.push(Part::Text(rest[..start].to_string()));
+        }
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else {
+            return Err(format!("template in {s:?} has no closing }}}}"));
+        };
+        let source = after[..end].trim();
+        let (root, query_text) = if let Some(tail) = source.strip_prefix('@') {
+            if !element_allowed {
+                return Err(format!(
+                    "template {{{{ {source} }}}}: @ (the current element) is only available inside forEach"
+                ));
+            }
+            *uses_element = true;
+            (Root::Element, format!("${tail}"))
+        } else if source.starts_with('$') {
+            (Root::Object, source.to_string())
+        } else {
+            return Err(format!(
+                "template {{{{ {source} }}}}: the JSONPath must start with $ (the object) or @ (the forEach element)"
+            ));
+        };
+        let query =
+            Query::parse(&query_text).map_err(|e| format!("template {{{{ {source} }}}}: {e}"))?;
+        parts.push(Part::Expr(Expr {
+            root,
+            query,
+            source: source.to_string(),
+        }));
+        rest = &after[end + 2..];
+    }
+    if !rest.is_empty() {
+        parts.push(Part::Text(rest.to_string()));
+    }
+    if let [Part::Expr(expr)] = parts.as_slice() {
+        return Ok(Node::Whole(expr.clone()));
+    }
+    Ok(Node::Parts(parts))
+}
+
+fn render_node(node: &Node, scope: &Scope) -> Result<Value, String> {
+    Ok(match node {
+        Node::Literal(v) => v.clone(),
+        Node::Whole(expr) => select_one(expr, scope)?.clone(),
+        Node::Parts(parts) => {
+            let mut out = String::new();
+            for part in parts {
+                match part {
+                    Part::Text(t) => out.push_str(t),
+                    Part::Expr(expr) => match select_one(expr, scope)? {
+                        Value::String(s) => out.push_str(s),
+                        v @ (Value::Number(_) | Value::Bool(_)) => out.push_str(&v.to_string()),
+                        Value::Null => {}
+                        other => {
+                            return Err(format!(
+                                "template {{{{ {} }}}} selected {}; inside a longer string only strings, numbers and booleans fit",
+                                expr.source,
+                                type_name(other)
+                            ));
+                        }
+                    },
+                }
+            }
+            Value::String(out)
+        }
+        Node::Array(items) => Value::Array(
+            items
+                .iter()
+                .map(|n| render_node(n, scope))
+                .collect::<Result<_, _>>()?,
+        ),
+        Node::Object(entries) => {
+            let mut map = Map::new();
+            for (k, n) in entries {
+                map.insert(k.clone(), render_node(n, scope)?);
+            }
+            Value::Object(map)
+        }
+    })
+}
+
+fn select_one<'a>(expr: &Expr, scope: &Scope<'a>) -> Result<&'a Value, String> {
+    let doc = match expr.root {
+        Root::Object => scope.object,
+        Root::Element => scope
+            .element
+            .ok_or_else(|| format!("template {{{{ {} }}}}: no forEach element", expr.source))?,
+    };
+    let found = expr.query.select(doc);
+    match found.as_slice() {
+        [one] => Ok(one),
+        [] => Err(format!(
+            "template {{{{ {} }}}} selected nothing",
+            expr.source
+        )),
+        many => Err(format!(
+            "template {{{{ {} }}}} selected {} values; use a path that selects one",
+            expr.source,
+            many.len()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn render(value: Value, object: &Value, element: Option<&Value>) -> Result<Value, String> {
+        Template::compile(&value, true)
+            .map_err(|e| e.1)?
+            .render(&Scope { object, element })
+    }
+
+    #[test]
+    fn whole_templates_keep_type_and_parts_make_strings() {
+        let obj = json!({"metadata": {"namespace": "payments", "labels": {"a": "b"}}, "spec": {"replicas": 3}});
+        assert_eq!(
+            render(json!("{{ $.metadata.namespace }}"), &obj, None).unwrap(),
+            json!("payments")
+        );
+        assert_eq!(
+            render(json!("{{$.spec.replicas}}"), &obj, None).unwrap(),
+            json!(3)
+        );
+        assert_eq!(
+            render(json!("{{ $.metadata.labels }}"), &obj, None).unwrap(),
+            json!({"a": "b"})
+        );
+        assert_eq!(
+            render(
+                json!({"team": "ns-{{ $.metadata.namespace }}-{{ $.spec.replicas }}"}),
+                &obj,
+                None
+            )
+            .unwrap(),
+            json!({"team": "ns-payments-3"})
+        );
+        let el = json!({"name": "web"});
+        assert_eq!(
+            render(json!(["{{ @.name }}", 1]), &obj, Some(&el)).unwrap(),
+            json!(["web", 1])
+        );
+    }
+
+    #[test]
+    fn template_errors_are_clear() {
+        let obj = json!({"spec": {"containers": [{"name": "a"}, {"name": "b"}]}});
+        assert_eq!(
+            render(json!("{{ $.spec.containers[*].name }}"), &obj, None).unwrap_err(),
+            "template {{ $.spec.containers[*].name }} selected 2 values; use a path that selects one"
+        );
+        assert_eq!(
+            render(json!("{{ $.nope }}"), &obj, None).unwrap_err(),
+            "template {{ $.nope }} selected nothing"
+        );
+        assert_eq!(
+            render(json!("x-{{ $.spec }}"), &obj, None).unwrap_err(),
+            "template {{ $.spec }} selected an object; inside a longer string only strings, numbers and booleans fit"
+        );
+        assert_eq!(
+            Template::compile(&json!({"a": ["{{ $.x"]}), false).unwrap_err(),
+            (
+                "/a/0".to_string(),
+                "template in \"{{ $.x\" has no closing }}".to_string()
+            )
+        );
+        assert!(
+            Template::compile(&json!("{{ @.name }}"), false)
+                .unwrap_err()
+                .1
+                .contains("only available inside forEach")
+        );
+        assert!(
+            Template::compile(&json!("{{ spec }}"), false)
+                .unwrap_err()
+                .1
+                .contains("must start with $")
+        );
+        assert!(
+            Template::compile(&json!("{{ $.a[ }}"), false)
+                .unwrap_err()
+                .1
+                .contains("invalid JSONPath")
+        );
+    }
+
+    #[test]
+    fn literals_stay_literal() {
+        let t = Template::compile(&json!({"a": [1, "x"], "b": null}), false).unwrap();
+        assert_eq!(t.literal(), Some(&json!({"a": [1, "x"], "b": null})));
+    }
+}
