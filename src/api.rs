@@ -35,18 +35,10 @@ pub const DEFAULT_PRIORITY: i32 = 100;
     status = "RuleStatus",
     derive = "PartialEq",
     doc = "ClusterMutationRule mutates matching objects in any namespace (or cluster-scoped objects) while the API server admits them.",
-    printcolumn(name = "Priority", type_ = "integer", json_path = ".spec.priority"),
-    printcolumn(name = "Kinds", type_ = "string", json_path = ".spec.match.kinds"),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","description":"Lower runs first"}"#,
+    printcolumn = r#"{"name":"Kinds","type":"string","jsonPath":".spec.match.kinds","description":"Kinds the rule matches"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Compiled and in the index"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("has(self.match.kinds) && size(self.match.kinds) > 0").message("match.kinds must list at least one kind"))]
@@ -197,7 +189,7 @@ pub struct Mutation {
     #[schemars(schema_with = "any_json_object")]
     pub merge: Option<Value>,
 
-    /// RFC 6902 JSON patch operations. `add` creates missing parent objects.
+    /// RFC 6902 JSON patch operations. `add`, `copy` and `move` create missing parent objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub patch: Option<Vec<PatchOperation>>,
@@ -498,9 +490,49 @@ impl Resource for MutationRule {
     }
 }
 
-/// Both CRDs, MutationRule first.
+/// Both CRDs, MutationRule first, with descriptions unwrapped into paragraphs for
+/// `kubectl explain`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![MutationRule::crd(), ClusterMutationRule::crd()]
+    [MutationRule::crd(), ClusterMutationRule::crd()]
+        .into_iter()
+        .map(|mut crd| {
+            for version in &mut crd.spec.versions {
+                if let Some(schema) = version
+                    .schema
+                    .as_mut()
+                    .and_then(|s| s.open_api_v3_schema.as_mut())
+                {
+                    unwrap_descriptions(schema);
+                }
+            }
+            crd
+        })
+        .collect()
+}
+
+/// Doc comments are wrapped at 100 columns; `kubectl explain` wraps again, so join lines and
+/// keep only paragraph breaks.
+fn unwrap_descriptions(schema: &mut JSONSchemaProps) {
+    if let Some(d) = schema.description.as_mut() {
+        *d = d
+            .split("\n\n")
+            .map(|p| p.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join("\n\n");
+    }
+    for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
+        unwrap_descriptions(child);
+    }
+    if let Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrArray::Schema(items)) =
+        schema.items.as_mut()
+    {
+        unwrap_descriptions(items);
+    }
+    if let Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrBool::Schema(extra)) =
+        schema.additional_properties.as_mut()
+    {
+        unwrap_descriptions(extra);
+    }
 }
 
 fn any_json(_: &mut SchemaGenerator) -> Schema {

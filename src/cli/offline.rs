@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use crate::api::Operation;
 use crate::engine::{
-    Denial, Gvk, Outcome, RuleErrors, RuleIndex, RuleSource, Subject, compile_all,
-    is_rule_document, parse_rule,
+    Denial, FieldError, Gvk, Outcome, RuleErrors, RuleIndex, Subject, compile, is_rule_document,
+    parse_rule,
 };
 use crate::{Error, Result};
 
@@ -50,12 +50,36 @@ pub struct LoadedRules {
     pub ignored_documents: usize,
 }
 
-/// Reads and compiles rules; any invalid rule is an error listing every problem of every rule.
+/// Reads and compiles rules; any invalid rule is an error listing every problem of every rule,
+/// in document order, each with the document it came from.
 pub fn load_rules(inputs: &[PathBuf], default_namespace: &str) -> Result<LoadedRules> {
     let docs = read_documents(inputs)?;
-    let (sources, ignored_documents, mut errors) = parse_rules(&docs, default_namespace);
-    let (compiled, compile_errors) = compile_all(&sources);
-    errors.extend(compile_errors);
+    let mut compiled = Vec::new();
+    let mut errors = Vec::new();
+    let mut ignored_documents = 0;
+    let mut seen = HashSet::new();
+    for doc in &docs {
+        if !is_rule_document(&doc.value) {
+            ignored_documents += 1;
+            continue;
+        }
+        let result = parse_rule(&doc.value, default_namespace).and_then(|source| {
+            if !seen.insert(source.id.clone()) {
+                return Err(RuleErrors {
+                    rule: source.id.describe(),
+                    errors: vec![FieldError::new("metadata.name", "defined twice")],
+                });
+            }
+            compile(source.id, &source.spec)
+        });
+        match result {
+            Ok(rule) => compiled.push(rule),
+            Err(mut e) => {
+                e.rule = format!("{} ({})", e.rule, doc.origin);
+                errors.push(e);
+            }
+        }
+    }
     if !errors.is_empty() {
         return Err(Error::InvalidRules(errors));
     }
@@ -63,44 +87,6 @@ pub fn load_rules(inputs: &[PathBuf], default_namespace: &str) -> Result<LoadedR
         index: RuleIndex::new(compiled),
         ignored_documents,
     })
-}
-
-/// Parses the rule documents among `docs`; returns the rules, the count of other documents,
-/// and the errors (including duplicate rules).
-pub fn parse_rules(
-    docs: &[Document],
-    default_namespace: &str,
-) -> (Vec<RuleSource>, usize, Vec<RuleErrors>) {
-    let mut sources: Vec<RuleSource> = Vec::new();
-    let mut errors = Vec::new();
-    let mut ignored = 0;
-    let mut seen = HashSet::new();
-    for doc in docs {
-        if !is_rule_document(&doc.value) {
-            ignored += 1;
-            continue;
-        }
-        match parse_rule(&doc.value, default_namespace) {
-            Ok(source) => {
-                if !seen.insert(source.id.clone()) {
-                    errors.push(RuleErrors {
-                        rule: source.id.describe(),
-                        errors: vec![crate::engine::FieldError::new(
-                            "metadata.name",
-                            format!("defined twice (again in {})", doc.origin),
-                        )],
-                    });
-                    continue;
-                }
-                sources.push(source);
-            }
-            Err(mut e) => {
-                e.rule = format!("{} ({})", e.rule, doc.origin);
-                errors.push(e);
-            }
-        }
-    }
-    (sources, ignored, errors)
 }
 
 /// Labels of the Namespace objects among the inputs, for `namespaceSelector`.

@@ -100,12 +100,12 @@ impl KindPattern {
                 "invalid kind {text:?}: {kind:?} is not a Kind name (like Pod or Deployment) or *"
             ));
         }
-        if version != "*"
-            && !(!version.is_empty()
+        let version_ok = version == "*"
+            || (!version.is_empty()
                 && version
                     .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
-        {
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+        if !version_ok {
             return Err(format!(
                 "invalid kind {text:?}: {version:?} is not an API version (like v1) or *"
             ));

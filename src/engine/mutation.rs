@@ -22,7 +22,20 @@ pub fn compile_regex(pattern: &str) -> Result<Regex, String> {
     regex::RegexBuilder::new(pattern)
         .size_limit(REGEX_SIZE_LIMIT)
         .build()
-        .map_err(|e| format!("invalid regular expression {pattern:?}: {e}"))
+        .map_err(|e| {
+            let detail = match &e {
+                // The syntax error's Display draws the pattern with a caret over several lines;
+                // its last line says what is wrong.
+                regex::Error::Syntax(text) => text
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+                    .trim_start_matches("error: ")
+                    .to_string(),
+                other => other.to_string(),
+            };
+            format!("invalid regular expression {pattern:?}: {detail}")
+        })
 }
 
 #[derive(Clone, Debug)]
@@ -272,7 +285,7 @@ fn compile_parts(p: &Parts, at: &str, in_for_each: bool, errors: &mut Errors) ->
             _ => {}
         }
         let value = template(&u.value, format!("{at}.upsert.value"), errors);
-        if u.key.is_empty() || !u.value.get(&u.key).is_some() {
+        if u.key.is_empty() || u.value.get(&u.key).is_none() {
             return None;
         }
         return Some(Mutation::Upsert {
@@ -383,7 +396,8 @@ impl Mutation {
 
 impl PatchStep {
     fn describe(&self) -> String {
-        format!("{:?} {}", self.op, self.path.as_str()).to_lowercase()
+        let op = format!("{:?}", self.op).to_lowercase();
+        format!("{op} {}", self.path.as_str())
     }
 
     fn apply(&self, target: &mut Value, scope: &Scope) -> Result<(), String> {
@@ -393,16 +407,17 @@ impl PatchStep {
         };
         let path = self.path_buf.clone();
         let from = || self.from.clone().unwrap_or_default();
+        // Unlike plain RFC 6902, the operations that write at `path` (add, copy, move) create
+        // missing parent objects, so a rule does not depend on whether the object already has,
+        // say, annotations.
+        if matches!(self.op, PatchOp::Add | PatchOp::Copy | PatchOp::Move)
+            && let Some((_, parents)) = self.path.tokens().split_last()
+        {
+            Pointer::from_tokens(parents.to_vec())
+                .get_or_create(target, || Value::Object(Default::default()))?;
+        }
         let op = match self.op {
-            PatchOp::Add => {
-                // Unlike plain RFC 6902, add creates missing parent objects, so a rule does not
-                // depend on whether the object already has, say, annotations.
-                if let Some((_, parents)) = self.path.tokens().split_last() {
-                    Pointer::from_tokens(parents.to_vec())
-                        .get_or_create(target, || Value::Object(Default::default()))?;
-                }
-                PatchOperation::Add(AddOperation { path, value })
-            }
+            PatchOp::Add => PatchOperation::Add(AddOperation { path, value }),
             PatchOp::Remove => PatchOperation::Remove(RemoveOperation { path }),
             PatchOp::Replace => PatchOperation::Replace(ReplaceOperation { path, value }),
             PatchOp::Move => PatchOperation::Move(MoveOperation { from: from(), path }),

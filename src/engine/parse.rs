@@ -123,7 +123,7 @@ pub fn compile_document(doc: &Value, default_namespace: &str) -> Result<Compiled
 /// serde paths read `mutations[2].upsert.path` already; serde_ignored writes `mutations.2.x`.
 fn dotted(path: &str) -> String {
     let mut out = String::new();
-    for (i, part) in path.split('.').enumerate() {
+    for (i, part) in path.split('.').filter(|p| *p != "?").enumerate() {
         if let Some(rest) = part.strip_prefix('[') {
             out.push('[');
             out.push_str(rest);

@@ -181,7 +181,8 @@ impl Query {
         if !text.starts_with('$') {
             return Err(format!("invalid JSONPath {text:?}: it must start with '$'"));
         }
-        let query = parse_json_path(text).map_err(|e| format!("invalid JSONPath {text:?}: {e}"))?;
+        let query = parse_json_path(text)
+            .map_err(|e| format!("invalid JSONPath {text:?}: {}", one_line(&e.to_string())))?;
         Ok(Query {
             query,
             text: text.to_string(),
@@ -206,6 +207,26 @@ impl Query {
                     .collect()
             })
             .unwrap_or_default()
+    }
+}
+
+/// The parser draws errors over several lines (`--> 1:19`, the text, a caret, `= expected x`);
+/// a rule error is one line: "expected x at column 19".
+fn one_line(message: &str) -> String {
+    let expected = message
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("= "))
+        .map(str::to_string);
+    let column = message
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("--> "))
+        .and_then(|pos| pos.split(':').nth(1))
+        .map(str::to_string);
+    match (expected, column) {
+        (Some(e), Some(c)) => format!("{e} at column {c}"),
+        (Some(e), None) => e,
+        _ => message.split_whitespace().collect::<Vec<_>>().join(" "),
     }
 }
 

@@ -292,7 +292,7 @@ impl Condition {
             Test::Matches(re) => found
                 .iter()
                 .any(|v| v.as_str().is_some_and(|s| re.is_match(s))),
-            Test::Equals(want) => found.iter().any(|v| *v == want),
+            Test::Equals(want) => found.contains(&want),
             Test::Exists(want) => found.is_empty() != *want,
         }
     }

@@ -1,0 +1,501 @@
+//! The offline commands as a user runs them: the `initium` binary on files.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{Value, json};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn initium(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_initium"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("initium runs")
+}
+
+fn initium_stdin(args: &[&str], input: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_initium"))
+        .args(args)
+        .current_dir(root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("initium runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .expect("write stdin");
+    child.wait_with_output().expect("initium finishes")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn examples() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root().join("examples"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn every_example_has_a_passing_test_case() {
+    let names = examples();
+    assert_eq!(
+        names,
+        [
+            "default-labels",
+            "podpreset",
+            "registry-mirror",
+            "sidecar",
+            "test-ca"
+        ]
+    );
+    for name in &names {
+        assert!(
+            root()
+                .join("examples")
+                .join(name)
+                .join("initium-test.yaml")
+                .exists(),
+            "{name} has no initium-test.yaml"
+        );
+    }
+    let out = initium(&["test", "examples"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.ends_with("8 passed, 0 failed\n"), "{stdout}");
+}
+
+#[test]
+fn apply_json_prints_every_object_in_input_order_mutated_or_not() {
+    let out = initium(&[
+        "apply",
+        "-r",
+        "examples/test-ca/rules.yaml",
+        "-f",
+        "examples/test-ca/objects.yaml",
+        "-o",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let list: Value = serde_json::from_slice(&out.stdout).expect("a JSON List");
+    assert_eq!(list["kind"], "List");
+    let items = list["items"].as_array().unwrap();
+    let names: Vec<&str> = items
+        .iter()
+        .map(|i| {
+            i["metadata"]["name"]
+                .as_str()
+                .or(i["metadata"]["generateName"].as_str())
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(names, ["api", "worker-", "web"]);
+    let expected: Vec<Value> = serde_saphyr::from_multiple(
+        &std::fs::read_to_string(root().join("examples/test-ca/expected.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(items, &expected);
+    assert_eq!(
+        text(&out.stderr),
+        "Pod payments/api: mutated by payments/test-certs\n"
+    );
+}
+
+#[test]
+fn apply_yaml_and_patch_outputs() {
+    let out = initium(&[
+        "apply",
+        "-r",
+        "examples/registry-mirror",
+        "-f",
+        "examples/registry-mirror/objects.yaml",
+        "-o",
+        "patch",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("note: 5 non-rule document(s) in the rule inputs were ignored"),
+        "{}",
+        text(&out.stderr)
+    );
+    let lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["object"], "Pod default/mixed");
+    assert!(lines[0]["patch"].as_array().unwrap().contains(&json!({"op": "replace", "path": "/spec/containers/0/image", "value": "mirror.local/library/nginx"})));
+    assert_eq!(
+        lines[1],
+        json!({"object": "Pod default/private-only", "patch": []})
+    );
+
+    let out = initium(&[
+        "apply",
+        "-r",
+        "examples/sidecar/rules.yaml",
+        "-f",
+        "examples/sidecar/objects.yaml",
+    ]);
+    assert!(out.status.success());
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text(&out.stdout)).unwrap();
+    let expected: Vec<Value> = serde_saphyr::from_multiple(
+        &std::fs::read_to_string(root().join("examples/sidecar/expected.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(docs, expected);
+}
+
+#[test]
+fn applying_any_examples_rules_to_its_own_output_changes_nothing() {
+    for name in examples() {
+        let dir = format!("examples/{name}");
+        let first = initium(&[
+            "apply",
+            "-r",
+            &format!("{dir}/rules.yaml"),
+            "-f",
+            &format!("{dir}/objects.yaml"),
+            "-o",
+            "json",
+        ]);
+        assert!(first.status.success());
+        let second = initium_stdin(
+            &[
+                "apply",
+                "-r",
+                &format!("{dir}/rules.yaml"),
+                "-f",
+                "-",
+                "-o",
+                "json",
+            ],
+            &first.stdout,
+        );
+        assert!(second.status.success(), "{}", text(&second.stderr));
+        assert_eq!(
+            text(&first.stdout),
+            text(&second.stdout),
+            "{name} is not idempotent"
+        );
+        assert_eq!(
+            text(&second.stderr),
+            "",
+            "{name}: no rule changes its own output"
+        );
+    }
+}
+
+#[test]
+fn check_reports_every_invalid_rule_with_its_field_path() {
+    let out = initium(&["check", "-r", "tests/data/invalid-rules.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    let f = "(tests/data/invalid-rules.yaml";
+    let want = [
+        format!(
+            "ClusterMutationRule bad-regex {f}#1): spec.conditions[0].matches: invalid regular expression \"(unclosed\": unclosed group"
+        ),
+        format!(
+            "ClusterMutationRule bad-regex {f}#1): spec.mutations[0].rewrite.regex: invalid regular expression \"[z-a]\": invalid character class range, the start must be <= the end"
+        ),
+        format!(
+            "ClusterMutationRule bad-jsonpath {f}#2): spec.conditions[0].path: invalid JSONPath \"$.spec.containers[\": expected selector"
+        ),
+        format!(
+            "ClusterMutationRule bad-jsonpath {f}#2): spec.mutations[0].forEach: invalid JSONPath \"spec.containers[*]\": it must start with '$'"
+        ),
+        format!(
+            "ClusterMutationRule bad-pointer {f}#3): spec.mutations[0].upsert.path: invalid JSON pointer \"spec/volumes\": it must be empty or start with '/'"
+        ),
+        format!(
+            "ClusterMutationRule bad-pointer {f}#3): spec.mutations[1].patch[0].path: invalid JSON pointer \"/a~2b\": '~' must be followed by 0 or 1"
+        ),
+        format!(
+            "ClusterMutationRule bad-template {f}#4): spec.mutations[0].merge (at /metadata/labels/ns): template in \"{{{{ $.metadata.namespace\" has no closing }}}}"
+        ),
+        format!(
+            "ClusterMutationRule bad-template {f}#4): spec.mutations[1].merge (at /metadata/labels/el): template {{{{ @.name }}}}: @ (the current element) is only available inside forEach"
+        ),
+        format!(
+            "ClusterMutationRule bad-kind {f}#5): spec.match.kinds[0]: invalid kind \"pod\": \"pod\" is not a Kind name (like Pod or Deployment) or *"
+        ),
+        format!(
+            "ClusterMutationRule bad-kind {f}#5): spec.match.kinds[1]: invalid kind \"apps/v1/deploy/x\": use Kind, version/Kind or group/version/Kind"
+        ),
+        format!(
+            "ClusterMutationRule bad-selector {f}#6): spec.match.labels.matchExpressions[0].operator: unknown operator \"Equals\": use In, NotIn, Exists or DoesNotExist"
+        ),
+        format!(
+            "ClusterMutationRule no-mutations {f}#7): spec.mutations: a rule needs at least one mutation"
+        ),
+        format!("ClusterMutationRule unknown-fields {f}#8): spec.match.namspaces: unknown field"),
+        format!(
+            "ClusterMutationRule unknown-fields {f}#8): spec.mutations[0].upsert.pathh: unknown field"
+        ),
+        format!(
+            "ClusterMutationRule wrong-type {f}#9): spec.priority: invalid type: string \"high\", expected i32"
+        ),
+        format!(
+            "ClusterMutationRule two-kinds-of-mutation {f}#10): spec.mutations[0]: set exactly one of merge, patch, upsert, forEach, rewrite (found 2)"
+        ),
+        format!(
+            "MutationRule payments/ns-owner-overreach {f}#11): spec.match.namespaces: a MutationRule applies only to its own namespace; use a ClusterMutationRule"
+        ),
+        format!(
+            "ClusterMutationRule bad-gate {f}#12): spec.gate: a gate holds Pods through scheduling gates: match.kinds must be only Pod"
+        ),
+        format!(
+            "ClusterMutationRule bad-gate {f}#12): spec.gate.timeout: invalid duration \"10 minutes\": use a number with a unit, like 30s, 10m or 1h30m"
+        ),
+        format!(
+            "ClusterMutationRule bad-gate {f}#12): spec.gate.waitFor[0]: set exactly one of service, job, pods, object (found 2)"
+        ),
+    ];
+    let lines: Vec<&str> = stderr.lines().skip(1).collect();
+    assert_eq!(
+        stderr.lines().next(),
+        Some("error: 20 error(s) in 12 rule(s):")
+    );
+    assert_eq!(lines, want.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!stderr.contains(" good "), "the valid rule is not reported");
+}
+
+#[test]
+fn check_accepts_the_examples() {
+    let out = initium(&["check", "-r", "examples"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).ends_with("7 rule(s) valid\n"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn a_fail_rule_that_fails_makes_apply_exit_non_zero() {
+    let rules = r#"
+apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: strict}
+spec:
+  failurePolicy: Fail
+  match: {kinds: [Pod]}
+  mutations: [{patch: [{op: replace, path: /spec/nodeName, value: x}]}]
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yaml"), rules).unwrap();
+    let rules_path = dir.path().join("rules.yaml");
+    let out = initium(&[
+        "apply",
+        "-r",
+        rules_path.to_str().unwrap(),
+        "-f",
+        "examples/registry-mirror/objects.yaml",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stdout), "", "no partial output");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("Pod default/mixed: denied: ClusterMutationRule strict (failurePolicy Fail) failed: spec.mutations[0]: patch[0] replace /spec/nodeName:"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Pod default/private-only: denied:"),
+        "every denied object is listed: {stderr}"
+    );
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_never_a_panic() {
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "truncated yaml",
+            b"apiVersion: v1\nkind: Pod\nmetadata: {name: [x".to_vec(),
+            "invalid YAML",
+        ),
+        (
+            "truncated json",
+            br#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"#.to_vec(),
+            "invalid JSON",
+        ),
+        ("scalar document", b"42\n".to_vec(), "expected an object"),
+        (
+            "no kind",
+            b"apiVersion: v1\nmetadata: {name: x}\n".to_vec(),
+            "missing kind",
+        ),
+        (
+            "metadata not an object",
+            b"apiVersion: v1\nkind: Pod\nmetadata: 5\n".to_vec(),
+            "metadata must be an object",
+        ),
+        ("not utf-8", vec![0xff, 0xfe, 0x00, 0x41], "not UTF-8"),
+        (
+            "deep yaml",
+            format!("a: {}1{}\n", "[".repeat(5000), "]".repeat(5000)).into_bytes(),
+            "<stdin>",
+        ),
+        (
+            "deep json",
+            format!("{{\"a\": {}1{}}}", "[".repeat(5000), "]".repeat(5000)).into_bytes(),
+            "invalid JSON",
+        ),
+        (
+            "nested past the limit",
+            format!(
+                "{{\"apiVersion\": \"v1\", \"kind\": \"Pod\", \"a\": {}1{}}}",
+                "[".repeat(120),
+                "]".repeat(120)
+            )
+            .into_bytes(),
+            "nested deeper than 100 levels",
+        ),
+    ];
+    for (what, input, want) in cases {
+        let out = initium_stdin(
+            &["apply", "-r", "examples/test-ca/rules.yaml", "-f", "-"],
+            &input,
+        );
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
+        assert!(stderr.starts_with("error: <stdin>"), "{what}: {stderr}");
+        assert!(stderr.contains(want), "{what}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+    }
+}
+
+#[test]
+fn wrong_types_in_rules_are_errors_with_paths() {
+    let cases = [
+        (
+            "spec: 5",
+            "spec: invalid type: integer `5`, expected struct RuleSpec",
+        ),
+        (
+            "spec: {match: Pod, mutations: []}",
+            "spec.match: invalid type: string \"Pod\", expected struct MatchResources",
+        ),
+        (
+            "spec: {match: {kinds: [Pod]}, mutations: x}",
+            "spec.mutations: invalid type: string \"x\", expected a sequence",
+        ),
+        (
+            "spec: {match: {kinds: Pod}, mutations: [{merge: {}}]}",
+            "spec.match.kinds: invalid type: string \"Pod\", expected a sequence",
+        ),
+        (
+            "spec: {match: {kinds: [Pod]}, mutations: [{merge: 3}]}",
+            "spec.mutations[0].merge: a merge patch must be an object, not a number",
+        ),
+        (
+            "spec: {match: {kinds: [Pod]}, failurePolicy: Sometimes, mutations: [{merge: {}}]}",
+            "spec.failurePolicy: unknown variant `Sometimes`, expected `Ignore` or `Fail`",
+        ),
+        (
+            "spec: {match: {kinds: [Pod], operations: [DELETE]}, mutations: [{merge: {}}]}",
+            "spec.match.operations[0]: unknown variant `DELETE`, expected `CREATE` or `UPDATE`",
+        ),
+        (
+            "spec: {match: {kinds: [Pod]}, mutations: [{upsert: {path: /a, key: name, value: {nom: x}}}]}",
+            "spec.mutations[0].upsert.value: has no key field \"name\"",
+        ),
+        (
+            "spec: {match: {kinds: [Pod]}, exclude: {}, mutations: [{merge: {}}]}",
+            "spec.exclude: an empty exclude would skip every object",
+        ),
+        (
+            "spec: {match: {}, mutations: [{merge: {}}]}",
+            "spec.match.kinds: list at least one kind",
+        ),
+        (
+            "metadata: {name: x, namespace: other}\nspec: {match: {kinds: [Pod]}, mutations: [{merge: {}}]}",
+            "metadata.namespace: a ClusterMutationRule is cluster-scoped",
+        ),
+        (
+            "metadata: {name: Bad_Name}\nspec: {match: {kinds: [Pod]}, mutations: [{merge: {}}]}",
+            "metadata.name: \"Bad_Name\" is not a valid name",
+        ),
+    ];
+    for (body, want) in cases {
+        let metadata = if body.starts_with("metadata") {
+            ""
+        } else {
+            "metadata: {name: r}\n"
+        };
+        let doc = format!(
+            "apiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\n{metadata}{body}\n"
+        );
+        let out = initium_stdin(&["check", "-r", "-"], doc.as_bytes());
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{body}: {stderr}");
+        assert!(stderr.contains(want), "{body}:\n{stderr}");
+    }
+}
+
+#[test]
+fn truncated_examples_never_panic() {
+    // Every prefix of every example file (at a stride) either loads or gives an error.
+    for name in examples() {
+        for file in ["rules.yaml", "objects.yaml"] {
+            let path = Path::new("examples").join(&name).join(file);
+            let full = std::fs::read_to_string(root().join(&path)).unwrap();
+            for cut in (0..full.len()).step_by(7) {
+                let prefix = &full[..cut];
+                if let Ok(docs) = initium::cli::input::parse_documents("t", prefix) {
+                    for doc in docs {
+                        let _ = initium::engine::compile_document(&doc.value, "default");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn huge_inputs_are_refused_before_reading_them_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.yaml");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(initium::cli::input::MAX_INPUT_BYTES + 1).unwrap();
+    let out = initium(&["check", "-r", big.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("larger than 64 MiB"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn crd_prints_both_crds() {
+    let out = initium(&["crd"]);
+    assert!(out.status.success());
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text(&out.stdout)).unwrap();
+    let names: Vec<&str> = docs
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "mutationrules.initium.dev",
+            "clustermutationrules.initium.dev"
+        ]
+    );
+}

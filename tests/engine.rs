@@ -1,0 +1,620 @@
+//! Behaviour of the pure engine: matching, order, atomicity, failure policies, the budget,
+//! provenance and determinism.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use initium::api::Operation;
+use initium::engine::{Gvk, Outcome, RuleIndex, RuleSource, Subject, compile_all, parse_rule};
+use serde_json::{Value, json};
+
+fn rule(doc: Value) -> RuleSource {
+    parse_rule(&doc, "default").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn cmr(name: &str, spec: Value) -> RuleSource {
+    rule(
+        json!({"apiVersion": "initium.dev/v1alpha1", "kind": "ClusterMutationRule", "metadata": {"name": name}, "spec": spec}),
+    )
+}
+
+fn mr(ns: &str, name: &str, spec: Value) -> RuleSource {
+    rule(
+        json!({"apiVersion": "initium.dev/v1alpha1", "kind": "MutationRule", "metadata": {"name": name, "namespace": ns}, "spec": spec}),
+    )
+}
+
+fn index(rules: Vec<RuleSource>) -> RuleIndex {
+    let (compiled, errors) = compile_all(&rules);
+    assert!(errors.is_empty(), "{errors:?}");
+    RuleIndex::new(compiled)
+}
+
+fn pod(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+           "spec": {"containers": [{"name": "app", "image": "nginx"}, {"name": "side", "image": "busybox"}]}})
+}
+
+const POD: (&str, &str, &str) = ("", "v1", "Pod");
+
+fn admit(index: &RuleIndex, object: &Value, ns: Option<&str>) -> Outcome {
+    try_admit(index, object, ns, Operation::Create, None).unwrap_or_else(|d| panic!("denied: {d}"))
+}
+
+fn try_admit(
+    index: &RuleIndex,
+    object: &Value,
+    ns: Option<&str>,
+    op: Operation,
+    deadline: Option<Instant>,
+) -> Result<Outcome, initium::engine::Denial> {
+    let gvk = Gvk::from_api_version(
+        object["apiVersion"].as_str().unwrap_or("v1"),
+        object["kind"].as_str().unwrap_or("Pod"),
+    );
+    let subject = Subject {
+        gvk: &gvk,
+        operation: op,
+        namespace: ns,
+        name: object.pointer("/metadata/name").and_then(Value::as_str),
+        namespace_labels: None,
+    };
+    index.evaluate(&subject, object, deadline)
+}
+
+fn label(name: &str, value: &str) -> Value {
+    json!({"merge": {"metadata": {"labels": {name: value}}}})
+}
+
+fn annotations(o: &Outcome) -> &Value {
+    &o.object["metadata"]["annotations"]
+}
+
+#[test]
+fn rules_run_in_the_total_order_and_provenance_lists_them() {
+    // Each rule appends its name to a label, so the final value shows the order.
+    let append = |who: &str| json!({"patch": [{"op": "add", "path": format!("/metadata/labels/{who}"), "value": "x"}]});
+    let idx = index(vec![
+        mr(
+            "shop",
+            "b-ns",
+            json!({"priority": 10, "match": {"kinds": ["Pod"]}, "mutations": [append("b-ns")]}),
+        ),
+        cmr(
+            "z-late",
+            json!({"priority": 200, "match": {"kinds": ["Pod"]}, "mutations": [append("z-late")]}),
+        ),
+        mr(
+            "alpha",
+            "a-other-ns",
+            json!({"priority": 10, "match": {"kinds": ["Pod"]}, "mutations": [append("a")]}),
+        ),
+        cmr(
+            "c-cluster",
+            json!({"priority": 10, "match": {"kinds": ["Pod"]}, "mutations": [append("c-cluster")]}),
+        ),
+        mr(
+            "shop",
+            "a-ns",
+            json!({"priority": 10, "match": {"kinds": ["Pod"]}, "mutations": [append("a-ns")]}),
+        ),
+        cmr(
+            "first",
+            json!({"priority": -5, "match": {"kinds": ["*"]}, "mutations": [append("first")]}),
+        ),
+    ]);
+    let out = admit(&idx, &pod("shop", "web"), Some("shop"));
+    let applied: Vec<String> = out.applied.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        applied,
+        ["first", "c-cluster", "shop/a-ns", "shop/b-ns", "z-late"]
+    );
+    assert_eq!(
+        annotations(&out)["initium.dev/mutated-by"],
+        "first,c-cluster,shop/a-ns,shop/b-ns,z-late"
+    );
+}
+
+#[test]
+fn a_rule_that_fails_halfway_leaves_no_change_and_ignore_warns() {
+    let idx = index(vec![
+        cmr(
+            "half",
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [
+                label("half", "yes"),
+                {"patch": [{"op": "test", "path": "/metadata/name", "value": "someone-else"}]}
+            ]}),
+        ),
+        cmr(
+            "after",
+            json!({"priority": 101, "match": {"kinds": ["Pod"]}, "mutations": [label("after", "yes")]}),
+        ),
+    ]);
+    let out = admit(&idx, &pod("shop", "web"), Some("shop"));
+    assert_eq!(
+        out.object["metadata"]["labels"],
+        json!({"after": "yes"}),
+        "no partial change from `half`"
+    );
+    assert_eq!(out.skipped.len(), 1);
+    assert_eq!(out.warnings.len(), 1);
+    let w = &out.warnings[0];
+    assert!(
+        w.starts_with(
+            "ClusterMutationRule half skipped: spec.mutations[1]: patch[0] test /metadata/name"
+        ),
+        "{w}"
+    );
+    assert_eq!(annotations(&out)["initium.dev/mutated-by"], "after");
+}
+
+#[test]
+fn a_failing_fail_rule_denies_with_the_rule_and_field() {
+    let idx = index(vec![cmr(
+        "strict",
+        json!({"failurePolicy": "Fail", "match": {"kinds": ["Pod"]}, "mutations": [
+            {"rewrite": {"path": "/spec", "regex": "x", "replacement": "y"}}
+        ]}),
+    )]);
+    let denial = try_admit(
+        &idx,
+        &pod("shop", "web"),
+        Some("shop"),
+        Operation::Create,
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(denial.rule.to_string(), "strict");
+    assert_eq!(
+        denial.message,
+        "ClusterMutationRule strict (failurePolicy Fail) failed: spec.mutations[0]: rewrite /spec: the field is an object, not a string"
+    );
+}
+
+#[test]
+fn an_overrun_budget_skips_ignore_rules_and_denies_for_fail_rules() {
+    let ignore = cmr(
+        "soft",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [label("soft", "1")]}),
+    );
+    let fail = cmr(
+        "hard",
+        json!({"priority": 200, "failurePolicy": "Fail", "match": {"kinds": ["Pod"]}, "mutations": [label("hard", "1")]}),
+    );
+    let expired = Some(Instant::now() - Duration::from_millis(1));
+    let out = try_admit(
+        &index(vec![ignore.clone()]),
+        &pod("a", "b"),
+        Some("a"),
+        Operation::Create,
+        expired,
+    )
+    .unwrap();
+    assert!(out.budget_exceeded);
+    assert!(out.applied.is_empty());
+    assert_eq!(
+        out.warnings,
+        ["ClusterMutationRule soft skipped: the latency budget ran out before it could run"]
+    );
+    assert!(out.patch.0.is_empty());
+    let denial = try_admit(
+        &index(vec![ignore.clone(), fail]),
+        &pod("a", "b"),
+        Some("a"),
+        Operation::Create,
+        expired,
+    )
+    .unwrap_err();
+    assert!(denial.budget_exceeded);
+    assert_eq!(
+        denial.message,
+        "ClusterMutationRule hard (failurePolicy Fail) could not run: the latency budget ran out"
+    );
+    // A generous budget changes nothing about the result.
+    let later = Some(Instant::now() + Duration::from_secs(60));
+    let out = try_admit(
+        &index(vec![ignore]),
+        &pod("a", "b"),
+        Some("a"),
+        Operation::Create,
+        later,
+    )
+    .unwrap();
+    assert!(!out.budget_exceeded);
+    assert_eq!(out.object["metadata"]["labels"]["soft"], "1");
+}
+
+#[test]
+fn namespace_and_name_come_from_the_request_when_the_object_lacks_them() {
+    let idx = index(vec![mr(
+        "payments",
+        "ca",
+        json!({"match": {"kinds": ["Pod"], "names": ["worker-*"]}, "mutations": [
+            {"merge": {"metadata": {"annotations": {"ns": "{{ $.metadata.namespace }}"}}}}
+        ]}),
+    )]);
+    let object = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "worker-"}, "spec": {"containers": []}});
+    let gvk = Gvk::new("", "v1", "Pod");
+    let subject = Subject {
+        gvk: &gvk,
+        operation: Operation::Create,
+        namespace: Some("payments"),
+        name: None,
+        namespace_labels: None,
+    };
+    let out = idx.evaluate(&subject, &object, None).unwrap();
+    assert_eq!(annotations(&out)["ns"], "payments");
+    assert!(
+        out.object["metadata"].get("namespace").is_none(),
+        "the filled-in namespace is not written back"
+    );
+    let paths: Vec<String> = out
+        .patch
+        .0
+        .iter()
+        .map(|op| {
+            serde_json::to_value(op).unwrap()["path"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(paths, ["/metadata/annotations"]);
+}
+
+#[test]
+fn namespace_selectors_use_namespace_labels_and_skip_other_cluster_scoped_objects() {
+    let idx = index(vec![cmr(
+        "prod",
+        json!({"match": {"kinds": ["*"], "namespaceSelector": {"matchLabels": {"env": "prod"}}}, "mutations": [label("prod", "yes")]}),
+    )]);
+    let prod: BTreeMap<String, String> = [("env".to_string(), "prod".to_string())].into();
+    let gvk = Gvk::new("", "v1", "Pod");
+    let run =
+        |ns: Option<&str>, labels: Option<&BTreeMap<String, String>>, gvk: &Gvk, object: &Value| {
+            let subject = Subject {
+                gvk,
+                operation: Operation::Create,
+                namespace: ns,
+                name: None,
+                namespace_labels: labels,
+            };
+            !idx.evaluate(&subject, object, None)
+                .unwrap()
+                .applied
+                .is_empty()
+        };
+    assert!(run(Some("shop"), Some(&prod), &gvk, &pod("shop", "a")));
+    assert!(
+        !run(Some("shop"), None, &gvk, &pod("shop", "a")),
+        "unknown namespace labels are no labels"
+    );
+    let ns_gvk = Gvk::new("", "v1", "Namespace");
+    let ns_obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"env": "prod"}}});
+    assert!(
+        run(None, None, &ns_gvk, &ns_obj),
+        "a Namespace is matched by its own labels"
+    );
+    let cr_gvk = Gvk::new("rbac.authorization.k8s.io", "v1", "ClusterRole");
+    let cr = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "x"}});
+    assert!(
+        !run(None, Some(&prod), &cr_gvk, &cr),
+        "other cluster-scoped objects never match a namespace-restricted rule"
+    );
+}
+
+#[test]
+fn a_mutation_rule_only_touches_its_own_namespace() {
+    let idx = index(vec![mr(
+        "payments",
+        "local",
+        json!({"match": {"kinds": ["*"]}, "mutations": [label("local", "yes")]}),
+    )]);
+    assert_eq!(
+        admit(&idx, &pod("payments", "a"), Some("payments"))
+            .applied
+            .len(),
+        1
+    );
+    assert!(
+        admit(&idx, &pod("shop", "a"), Some("shop"))
+            .applied
+            .is_empty()
+    );
+    let ns_obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "payments"}});
+    assert!(
+        admit(&idx, &ns_obj, None).applied.is_empty(),
+        "not even its own Namespace object"
+    );
+}
+
+#[test]
+fn match_fields_and_exclude() {
+    let idx = index(vec![cmr(
+        "sel",
+        json!({
+            "match": {
+                "kinds": ["v1/Pod"],
+                "operations": ["CREATE", "UPDATE"],
+                "names": ["web-*", "api"],
+                "namespaces": ["team-*"],
+                "labels": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["front", "back"]}]},
+                "annotations": {"inject": "*", "mode": "full*"}
+            },
+            "exclude": {"labels": {"matchLabels": {"skip": "true"}}},
+            "mutations": [label("hit", "yes")]
+        }),
+    )]);
+    let base = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "web-1", "namespace": "team-a", "labels": {"tier": "front"}, "annotations": {"inject": "", "mode": "fully"}}});
+    let hit = |edit: &dyn Fn(&mut Value), ns: &str, op: Operation| {
+        let mut o = base.clone();
+        edit(&mut o);
+        !try_admit(&idx, &o, Some(ns), op, None)
+            .unwrap()
+            .applied
+            .is_empty()
+    };
+    assert!(hit(&|_| {}, "team-a", Operation::Create));
+    assert!(hit(&|_| {}, "team-a", Operation::Update));
+    assert!(!hit(&|_| {}, "other", Operation::Create), "namespace glob");
+    assert!(
+        !hit(
+            &|o| o["metadata"]["name"] = json!("db-1"),
+            "team-a",
+            Operation::Create
+        ),
+        "name glob"
+    );
+    assert!(hit(
+        &|o| o["metadata"]["name"] = json!("api"),
+        "team-a",
+        Operation::Create
+    ));
+    assert!(
+        !hit(
+            &|o| o["metadata"]["labels"]["tier"] = json!("db"),
+            "team-a",
+            Operation::Create
+        ),
+        "matchExpressions"
+    );
+    assert!(
+        !hit(
+            &|o| o["metadata"]["annotations"] = json!({"mode": "full"}),
+            "team-a",
+            Operation::Create
+        ),
+        "annotation presence"
+    );
+    assert!(
+        !hit(
+            &|o| o["metadata"]["annotations"]["mode"] = json!("partial"),
+            "team-a",
+            Operation::Create
+        ),
+        "annotation glob"
+    );
+    assert!(
+        !hit(
+            &|o| o["metadata"]["labels"]["skip"] = json!("true"),
+            "team-a",
+            Operation::Create
+        ),
+        "exclude"
+    );
+    assert!(
+        !hit(
+            &|o| o["apiVersion"] = json!("v2"),
+            "team-a",
+            Operation::Create
+        ),
+        "kind version"
+    );
+}
+
+#[test]
+fn operations_default_to_create() {
+    let idx = index(vec![cmr(
+        "c",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [label("c", "1")]}),
+    )]);
+    assert!(
+        try_admit(&idx, &pod("a", "b"), Some("a"), Operation::Update, None)
+            .unwrap()
+            .applied
+            .is_empty()
+    );
+    assert_eq!(
+        try_admit(&idx, &pod("a", "b"), Some("a"), Operation::Create, None)
+            .unwrap()
+            .applied
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn conditions_matches_equals_exists() {
+    let run = |cond: Value| {
+        let idx = index(vec![cmr(
+            "c",
+            json!({"match": {"kinds": ["Pod"]}, "conditions": [cond], "mutations": [label("c", "1")]}),
+        )]);
+        !admit(&idx, &pod("a", "b"), Some("a")).applied.is_empty()
+    };
+    assert!(
+        run(json!({"path": "$.spec.containers[*].image", "matches": "^busy"})),
+        "any selected value"
+    );
+    assert!(!run(
+        json!({"path": "$.spec.containers[*].image", "matches": "^redis"})
+    ));
+    assert!(run(
+        json!({"path": "$.spec.containers[0].name", "equals": "app"})
+    ));
+    assert!(run(
+        json!({"path": "$.spec.containers", "equals": [{"name": "app", "image": "nginx"}, {"name": "side", "image": "busybox"}]})
+    ));
+    assert!(!run(
+        json!({"path": "$.spec.containers[0].name", "equals": "side"})
+    ));
+    assert!(run(
+        json!({"path": "$.spec.containers[?@.name == 'side']", "exists": true})
+    ));
+    assert!(run(json!({"path": "$.spec.hostNetwork", "exists": false})));
+    assert!(!run(json!({"path": "$.metadata.name", "exists": false})));
+}
+
+#[test]
+fn mutations_patch_upsert_foreach_rewrite_and_templates() {
+    let idx = index(vec![cmr(
+        "all",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"patch": [
+                {"op": "add", "path": "/metadata/annotations/team", "value": "{{ $.metadata.namespace }}"},
+                {"op": "add", "path": "/spec/tolerations", "value": [{"key": "k", "operator": "Exists"}]},
+                {"op": "copy", "from": "/metadata/name", "path": "/metadata/labels/app"},
+                {"op": "remove", "path": "/spec/containers/1"}
+            ]},
+            {"upsert": {"path": "/spec/volumes", "key": "name", "value": {"name": "v", "emptyDir": {}}}},
+            {"forEach": "$.spec.containers[*]", "mutations": [
+                {"upsert": {"path": "/env", "key": "name", "value": {"name": "CONTAINER", "value": "{{ @.name }}"}}},
+                {"rewrite": {"path": "/image", "regex": "^nginx$", "replacement": "mirror/nginx"}},
+                {"merge": {"securityContext": {"runAsNonRoot": true}}}
+            ]}
+        ]}),
+    )]);
+    let out = admit(&idx, &pod("shop", "web"), Some("shop"));
+    assert_eq!(out.object["metadata"]["annotations"]["team"], "shop");
+    assert_eq!(out.object["metadata"]["labels"]["app"], "web");
+    assert_eq!(
+        out.object["spec"]["tolerations"],
+        json!([{"key": "k", "operator": "Exists"}])
+    );
+    assert_eq!(
+        out.object["spec"]["volumes"],
+        json!([{"name": "v", "emptyDir": {}}])
+    );
+    assert_eq!(
+        out.object["spec"]["containers"],
+        json!([{"name": "app", "image": "mirror/nginx", "env": [{"name": "CONTAINER", "value": "app"}], "securityContext": {"runAsNonRoot": true}}])
+    );
+    // The patch turns the original into the result.
+    let mut patched = pod("shop", "web");
+    json_patch::patch(&mut patched, &out.patch).unwrap();
+    assert_eq!(patched, out.object);
+}
+
+#[test]
+fn upsert_replaces_by_key_and_is_idempotent() {
+    let idx = index(vec![cmr(
+        "u",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"upsert": {"path": "/spec/containers", "key": "name", "value": {"name": "side", "image": "busybox:1.36"}}}
+        ]}),
+    )]);
+    let out = admit(&idx, &pod("a", "b"), Some("a"));
+    assert_eq!(
+        out.object["spec"]["containers"][1],
+        json!({"name": "side", "image": "busybox:1.36"})
+    );
+    assert_eq!(
+        out.object["spec"]["containers"].as_array().unwrap().len(),
+        2
+    );
+    let again = admit(&idx, &out.object, Some("a"));
+    assert!(again.applied.is_empty());
+    assert_eq!(again.object, out.object);
+    assert!(again.patch.0.is_empty());
+}
+
+#[test]
+fn no_change_means_no_annotation_and_an_empty_patch() {
+    let idx = index(vec![cmr(
+        "noop",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [{"merge": {"spec": {"containers": [{"name": "app", "image": "nginx"}, {"name": "side", "image": "busybox"}]}}}]}),
+    )]);
+    let out = admit(&idx, &pod("a", "b"), Some("a"));
+    assert_eq!(out.matched.len(), 1);
+    assert!(out.applied.is_empty());
+    assert!(out.object["metadata"].get("annotations").is_none());
+    assert!(out.patch.0.is_empty());
+}
+
+#[test]
+fn output_is_deterministic_whatever_the_rule_order() {
+    let rules = vec![
+        cmr(
+            "a",
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [label("x", "a")]}),
+        ),
+        cmr(
+            "b",
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [label("x", "b"), {"merge": {"metadata": {"annotations": {"z": "1", "a": "2"}}}}]}),
+        ),
+        mr(
+            "n",
+            "c",
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [label("y", "c")]}),
+        ),
+    ];
+    let mut reversed = rules.clone();
+    reversed.reverse();
+    let first =
+        serde_json::to_string(&admit(&index(rules), &pod("n", "p"), Some("n")).object).unwrap();
+    let second =
+        serde_json::to_string(&admit(&index(reversed), &pod("n", "p"), Some("n")).object).unwrap();
+    assert_eq!(first, second);
+    assert!(
+        first.contains(r#""x":"b""#),
+        "b runs after a (same priority, name order)"
+    );
+}
+
+#[test]
+fn the_index_only_offers_rules_for_the_kind_and_namespace() {
+    let mut rules = vec![
+        cmr(
+            "pods",
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [label("a", "1")]}),
+        ),
+        cmr(
+            "any",
+            json!({"match": {"kinds": ["*/*/*"]}, "mutations": [label("a", "1")]}),
+        ),
+        cmr(
+            "team-a-only",
+            json!({"match": {"kinds": ["Pod"], "namespaces": ["team-a"]}, "mutations": [label("a", "1")]}),
+        ),
+        mr(
+            "team-a",
+            "local",
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [label("a", "1")]}),
+        ),
+    ];
+    for i in 0..500 {
+        rules.push(cmr(
+            &format!("kind-{i}"),
+            json!({"match": {"kinds": [format!("Kind{i}")]}, "mutations": [label("a", "1")]}),
+        ));
+        rules.push(mr(
+            &format!("ns-{i}"),
+            "r",
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [label("a", "1")]}),
+        ));
+    }
+    let idx = index(rules);
+    let names = |ns: Option<&str>, namespaced: bool| -> Vec<String> {
+        idx.candidates(&Gvk::new(POD.0, POD.1, POD.2), ns, namespaced)
+            .iter()
+            .map(|r| r.id.to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(Some("team-a"), true),
+        ["any", "pods", "team-a-only", "team-a/local"]
+    );
+    assert_eq!(names(Some("team-b"), true), ["any", "pods"]);
+    assert_eq!(names(None, false), ["any", "pods"]);
+}
