@@ -1,0 +1,315 @@
+//! Tests for scripts/control-plane: it starts a real etcd + kube-apiserver,
+//! and stops exactly what it started. Also exercises tests/support.
+//!
+//! These tests fail (they do not skip) when the control plane cannot be
+//! built or started. The first run builds the binaries (minutes); later runs
+//! reuse them from the cache (see docs/control-plane.md).
+
+mod support;
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+/// Control planes are CPU hungry at startup: run these tests one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn script() -> Command {
+    Command::new(support::control_plane_script())
+}
+
+fn check(command: &mut Command) -> Output {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({})\n--- stdout\n{}\n--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn build() {
+    check(script().arg("build"));
+}
+
+fn kubectl_bin() -> PathBuf {
+    PathBuf::from(stdout(&check(script().arg("bin-dir"))).trim()).join("kubectl")
+}
+
+/// A plane directory under target/tmp, downed on drop (even when the test
+/// panics).
+struct PlaneDir(PathBuf);
+
+impl PlaneDir {
+    fn new(name: &str) -> Self {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("control-plane-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        PlaneDir(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    fn read(&self, file: &str) -> String {
+        let path = self.0.join(file);
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+            .trim()
+            .to_owned()
+    }
+
+    fn pid(&self, name: &str) -> u32 {
+        self.read(&format!("{name}.pid"))
+            .parse()
+            .expect("pid file holds a pid")
+    }
+
+    fn port(&self, name: &str) -> u16 {
+        self.read(&format!("{name}.port"))
+            .parse()
+            .expect("port file holds a port")
+    }
+}
+
+impl Drop for PlaneDir {
+    fn drop(&mut self) {
+        let _ = script().arg("down").arg("--dir").arg(&self.0).output();
+    }
+}
+
+/// The process exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+            !matches!(state, Some(Some('Z' | 'X')))
+        }
+        Err(_) => false,
+    }
+}
+
+fn port_open(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
+}
+
+fn eventually(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn up_serves_kubernetes_and_down_stops_everything() {
+    let _serial = serial();
+    build();
+    let plane = PlaneDir::new("updown");
+    let dir = plane.path();
+    let up = check(script().arg("up").arg("--dir").arg(dir));
+    assert!(
+        stdout(&up).contains("env --dir"),
+        "up prints how to use the plane:\n{}",
+        stdout(&up)
+    );
+
+    let pids = [plane.pid("etcd"), plane.pid("kube-apiserver")];
+    let ports = [
+        plane.port("etcd"),
+        plane.port("etcd-peer"),
+        plane.port("kube-apiserver"),
+    ];
+    for pid in pids {
+        assert!(
+            alive(pid),
+            "process {pid} from {} is not running",
+            dir.display()
+        );
+    }
+    for port in ports {
+        assert!(port_open(port), "nothing listens on 127.0.0.1:{port}");
+    }
+
+    let kubectl = kubectl_bin();
+    let kubeconfig = dir.join("kubeconfig");
+    let readyz = check(
+        Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["get", "--raw", "/readyz"]),
+    );
+    assert_eq!(stdout(&readyz).trim(), "ok");
+    let version = stdout(&check(
+        Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("version"),
+    ));
+    assert!(
+        version.contains("Client Version: v1.34."),
+        "unexpected kubectl version:\n{version}"
+    );
+    assert!(
+        version.contains("Server Version: v1.34."),
+        "unexpected server version:\n{version}"
+    );
+    let resources = stdout(&check(
+        Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("api-resources"),
+    ));
+    assert!(
+        resources.contains("mutatingadmissionpolicies"),
+        "MutatingAdmissionPolicy API is not served:\n{resources}"
+    );
+
+    let env = stdout(&check(script().arg("env").arg("--dir").arg(dir)));
+    assert!(
+        env.contains("export KUBECONFIG=") && env.contains("export PATH="),
+        "unexpected env output:\n{env}"
+    );
+
+    let again = script()
+        .arg("up")
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .expect("run up again");
+    assert!(
+        !again.status.success(),
+        "a second up on a live plane must be refused"
+    );
+    for pid in pids {
+        assert!(alive(pid), "refused up must not touch the running plane");
+    }
+
+    check(script().arg("down").arg("--dir").arg(dir));
+    for pid in pids {
+        assert!(!alive(pid), "process {pid} survived down");
+    }
+    for port in ports {
+        assert!(
+            !port_open(port),
+            "127.0.0.1:{port} still accepts connections after down"
+        );
+    }
+    assert!(!dir.exists(), "down did not remove {}", dir.display());
+
+    // down is idempotent.
+    check(script().arg("down").arg("--dir").arg(dir));
+}
+
+#[test]
+fn owner_pid_takes_the_plane_down_when_the_owner_exits() {
+    let _serial = serial();
+    build();
+    let plane = PlaneDir::new("owner");
+    let dir = plane.path();
+    let mut owner = Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .expect("spawn sleep");
+    let up = script()
+        .arg("up")
+        .arg("--dir")
+        .arg(dir)
+        .arg("--owner-pid")
+        .arg(owner.id().to_string())
+        .output()
+        .expect("run up");
+    if !up.status.success() {
+        let _ = owner.kill();
+        let _ = owner.wait();
+        panic!("up failed:\n{}", String::from_utf8_lossy(&up.stderr));
+    }
+    let pids = [
+        plane.pid("etcd"),
+        plane.pid("kube-apiserver"),
+        plane.pid("watchdog"),
+    ];
+    let ports = [plane.port("etcd"), plane.port("kube-apiserver")];
+    for pid in pids {
+        assert!(
+            alive(pid),
+            "process {pid} from {} is not running",
+            dir.display()
+        );
+    }
+
+    // The owner exits; the watchdog notices within a second or so.
+    owner.kill().expect("kill owner");
+    owner.wait().expect("reap owner");
+    eventually(
+        "the plane directory to be removed",
+        Duration::from_secs(30),
+        || !dir.exists(),
+    );
+    eventually(
+        "the plane processes to exit",
+        Duration::from_secs(30),
+        || !pids.iter().any(|&pid| alive(pid)),
+    );
+    for port in ports {
+        assert!(
+            !port_open(port),
+            "127.0.0.1:{port} still accepts connections"
+        );
+    }
+}
+
+#[test]
+fn support_provides_a_shared_plane() {
+    let _serial = serial();
+    let kubeconfig = support::kubeconfig_path();
+    assert!(kubeconfig.is_file(), "{} is missing", kubeconfig.display());
+    assert_eq!(
+        support::kubeconfig_path(),
+        kubeconfig,
+        "one plane per test binary"
+    );
+
+    let namespaces = check(support::kubectl().args(["get", "namespaces", "-o", "name"]));
+    assert!(
+        stdout(&namespaces).contains("namespace/default"),
+        "{}",
+        stdout(&namespaces)
+    );
+
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let created = runtime.block_on(async {
+        let client = support::client().await;
+        let first = support::namespace(&client, "support-Test_").await;
+        let second = support::namespace(&client, "support-Test_").await;
+        assert_ne!(first, second);
+        assert!(first.starts_with("support-test-"), "{first}");
+        let api = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client);
+        api.get(&first).await.expect("the namespace exists");
+        first
+    });
+    let got = check(support::kubectl().args(["get", "namespace", &created, "-o", "name"]));
+    assert_eq!(stdout(&got).trim(), format!("namespace/{created}"));
+}
