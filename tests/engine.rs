@@ -59,7 +59,7 @@ fn try_admit(
         name: object.pointer("/metadata/name").and_then(Value::as_str),
         namespace_labels: None,
     };
-    index.evaluate(&subject, object, deadline)
+    index.evaluate(&subject, object.clone(), deadline)
 }
 
 fn label(name: &str, value: &str) -> Value {
@@ -242,7 +242,7 @@ fn namespace_and_name_come_from_the_request_when_the_object_lacks_them() {
         name: None,
         namespace_labels: None,
     };
-    let out = idx.evaluate(&subject, &object, None).unwrap();
+    let out = idx.evaluate(&subject, object.clone(), None).unwrap();
     assert_eq!(annotations(&out)["ns"], "payments");
     assert!(
         out.object["metadata"].get("namespace").is_none(),
@@ -279,7 +279,7 @@ fn namespace_selectors_use_namespace_labels_and_skip_other_cluster_scoped_object
                 name: None,
                 namespace_labels: labels,
             };
-            !idx.evaluate(&subject, object, None)
+            !idx.evaluate(&subject, object.clone(), None)
                 .unwrap()
                 .applied
                 .is_empty()

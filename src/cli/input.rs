@@ -212,7 +212,7 @@ mod tests {
         )
         .unwrap();
         let origins: Vec<_> = docs.iter().map(|d| d.origin.as_str()).collect();
-        assert_eq!(origins, vec!["t#1", "t#3 items[0]", "t#3 items[1]"]);
+        assert_eq!(origins, vec!["t#1", "t#2 items[0]", "t#2 items[1]"]);
         let docs = parse_documents("j", "{\"a\": 1} {\"b\": 2}").unwrap();
         assert_eq!(docs.len(), 2);
         let docs = parse_documents("j", "[{\"a\": 1}, {\"b\": 2}]").unwrap();

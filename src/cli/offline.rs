@@ -163,7 +163,7 @@ pub fn admit(
         name: meta_str("name"),
         namespace_labels: namespace.and_then(|ns| namespaces.get(ns)),
     };
-    Ok(match index.evaluate(&subject, object, None) {
+    Ok(match index.evaluate(&subject, object.clone(), None) {
         Ok(outcome) => Admitted::Ok(outcome),
         Err(denial) => Admitted::Denied(denial),
     })

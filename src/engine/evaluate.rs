@@ -8,6 +8,8 @@ use serde_json::{Map, Value};
 use crate::api::{FailurePolicy, MUTATED_BY_ANNOTATION};
 
 use super::index::RuleIndex;
+use super::journal::{Changes, Journal};
+use super::path::Pointer;
 use super::rule::{RuleId, RuleResult, Subject};
 
 /// What happened to an admitted object.
@@ -48,11 +50,12 @@ impl std::error::Error for Denial {}
 
 impl RuleIndex {
     /// Applies every matching rule to `object`, in order. `deadline` is the latency budget,
-    /// checked between rules. Pure apart from reading the clock.
+    /// checked between rules. Pure apart from reading the clock. The object is changed in
+    /// place: rules record what they touch, so nothing is copied whole.
     pub fn evaluate(
         &self,
         subject: &Subject,
-        object: &Value,
+        object: Value,
         deadline: Option<Instant>,
     ) -> Result<Outcome, Denial> {
         let namespace = if subject.gvk.group.is_empty() && subject.gvk.kind == "Namespace" {
@@ -75,28 +78,28 @@ impl RuleIndex {
             warnings: Vec::new(),
             budget_exceeded: false,
         };
+        let mut doc = object;
         // Rules see the object with the request's namespace and name filled in (at admission
         // they may still be empty); they are taken out again before the patch is computed.
-        let mut working = object.clone();
-        let filled = fill_identity(&mut working, subject);
+        let filled = fill_identity(&mut doc, subject);
+        let mut changes = Changes::default();
 
         for rule in candidates {
             if !outcome.budget_exceeded && deadline.is_some_and(|d| Instant::now() >= d) {
                 outcome.budget_exceeded = true;
             }
             if outcome.budget_exceeded {
-                if !rule.matches(subject, &working) {
+                if !rule.matches(subject, &doc) {
                     continue;
                 }
                 outcome.matched.push(rule.id.clone());
-                let message = format!(
-                    "{} skipped: the latency budget ran out before it could run",
-                    rule.id.describe()
-                );
                 match rule.failure_policy {
                     FailurePolicy::Ignore => {
                         outcome.skipped.push(rule.id.clone());
-                        outcome.warnings.push(message);
+                        outcome.warnings.push(format!(
+                            "{} skipped: the latency budget ran out before it could run",
+                            rule.id.describe()
+                        ));
                         continue;
                     }
                     FailurePolicy::Fail => {
@@ -111,13 +114,13 @@ impl RuleIndex {
                     }
                 }
             }
-            match rule.run(subject, &working) {
+            match rule.run(subject, &mut doc) {
                 RuleResult::NotMatched => {}
                 RuleResult::Unchanged => outcome.matched.push(rule.id.clone()),
-                RuleResult::Changed(next) => {
+                RuleResult::Changed(journal) => {
                     outcome.matched.push(rule.id.clone());
                     outcome.applied.push(rule.id.clone());
-                    working = next;
+                    changes.absorb(journal);
                 }
                 RuleResult::Failed(error) => {
                     outcome.matched.push(rule.id.clone());
@@ -143,14 +146,21 @@ impl RuleIndex {
             }
         }
 
-        unfill_identity(&mut working, filled);
         if !outcome.applied.is_empty() {
-            record_provenance(&mut working, &outcome.applied);
+            let mut journal = Journal::default();
+            journal.touch(&doc, &provenance_pointer());
+            record_provenance(&mut doc, &outcome.applied);
+            changes.absorb(journal);
         }
-        outcome.patch = json_patch::diff(object, &working);
-        outcome.object = working;
+        unfill_identity(&mut doc, &mut changes, &filled);
+        outcome.patch = Patch(changes.patch(&doc));
+        outcome.object = doc;
         Ok(outcome)
     }
+}
+
+fn provenance_pointer() -> Pointer {
+    Pointer::from_tokens(["metadata", "annotations", MUTATED_BY_ANNOTATION])
 }
 
 /// What `metadata.namespace` / `metadata.name` held before the request's values were filled in.
@@ -160,54 +170,57 @@ enum Prior {
     Empty,
 }
 
-struct Filled {
-    namespace: Option<Prior>,
-    name: Option<Prior>,
+impl Prior {
+    fn value(self) -> Option<Value> {
+        match self {
+            Prior::Absent => None,
+            Prior::Empty => Some(Value::String(String::new())),
+        }
+    }
 }
 
+/// The fields filled in from the request: (field, value filled in, what was there).
+type Filled = Vec<(&'static str, String, Prior)>;
+
 fn fill_identity(object: &mut Value, subject: &Subject) -> Filled {
-    let mut filled = Filled {
-        namespace: None,
-        name: None,
-    };
+    let mut filled = Vec::new();
     let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
         return filled;
     };
-    let mut fill = |field: &str, value: Option<&str>| {
-        let value = value.filter(|v| !v.is_empty())?;
+    for (field, value) in [("namespace", subject.namespace), ("name", subject.name)] {
+        let Some(value) = value.filter(|v| !v.is_empty()) else {
+            continue;
+        };
         if meta
             .get(field)
             .and_then(Value::as_str)
             .is_some_and(|s| !s.is_empty())
         {
-            return None;
+            continue;
         }
         let previous = meta.insert(field.to_string(), Value::String(value.to_string()));
-        Some(if previous.is_some() {
-            Prior::Empty
-        } else {
-            Prior::Absent
-        })
-    };
-    filled.namespace = fill("namespace", subject.namespace);
-    filled.name = fill("name", subject.name);
+        filled.push((
+            field,
+            value.to_string(),
+            if previous.is_some() {
+                Prior::Empty
+            } else {
+                Prior::Absent
+            },
+        ));
+    }
     filled
 }
 
-fn unfill_identity(object: &mut Value, filled: Filled) {
-    let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
-        return;
-    };
-    for (field, prior) in [("namespace", filled.namespace), ("name", filled.name)] {
-        match prior {
-            None => {}
-            Some(Prior::Absent) => {
-                meta.remove(field);
-            }
-            Some(Prior::Empty) => {
-                meta.insert(field.to_string(), Value::String(String::new()));
-            }
+/// Takes the filled-in fields out of the object (unless a rule set them to something else)
+/// and out of the recorded originals.
+fn unfill_identity(object: &mut Value, changes: &mut Changes, filled: &Filled) {
+    for (field, value, prior) in filled {
+        let pointer = Pointer::from_tokens(["metadata", *field]);
+        if pointer.get(object).and_then(Value::as_str) == Some(value.as_str()) {
+            pointer.set(object, prior.value());
         }
+        changes.set_original(&pointer, prior.value());
     }
 }
 

@@ -22,7 +22,7 @@ impl Bucket {
         match (&rule.id.namespace, rule.literal_namespaces()) {
             (Some(ns), _) => self
                 .namespaced
-                .entry(ns.clone())
+                .entry(ns.to_string())
                 .or_default()
                 .push(position),
             (None, Some(namespaces)) => {

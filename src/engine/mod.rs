@@ -5,6 +5,7 @@ mod error;
 mod evaluate;
 mod glob;
 mod index;
+mod journal;
 mod kind;
 mod mutation;
 mod parse;

@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::api::{self, PatchOp};
 
 use super::error::Errors;
+use super::journal::Journal;
 use super::path::{Pointer, Query, type_name};
 use super::template::{Scope, Template};
 
@@ -65,6 +66,7 @@ pub(crate) struct PatchStep {
     path: Pointer,
     path_buf: PointerBuf,
     from: Option<PointerBuf>,
+    from_pointer: Option<Pointer>,
     value: Option<Template>,
 }
 
@@ -249,12 +251,16 @@ fn compile_parts(p: &Parts, at: &str, in_for_each: bool, errors: &mut Errors) ->
                     );
                     continue;
                 };
-                let from = from.and_then(|f| PointerBuf::parse(f.as_str()).ok());
+                let from_pointer = from;
+                let from = from_pointer
+                    .as_ref()
+                    .and_then(|f| PointerBuf::parse(f.as_str()).ok());
                 steps.push(PatchStep {
                     op: op.op,
                     path,
                     path_buf,
                     from,
+                    from_pointer,
                     value,
                 });
             }
@@ -325,72 +331,120 @@ impl Mutation {
         }
     }
 
-    /// Applies the mutation to `target` (the object, or a `forEach` element). `scope` is what
-    /// templates read. The error says what went wrong, without the rule name.
-    pub(crate) fn apply(&self, target: &mut Value, scope: &Scope) -> Result<(), String> {
+    /// Applies the mutation at `base` (the object root, or a `forEach` element), recording
+    /// in `journal` what it is about to change. Templates read the object as it is now
+    /// (`$`) and the element at `base` (`@`). The error says what went wrong, without the
+    /// rule name.
+    pub(crate) fn apply(
+        &self,
+        doc: &mut Value,
+        base: &Pointer,
+        journal: &mut Journal,
+    ) -> Result<(), String> {
+        let render = |t: &Template, doc: &Value| -> Result<Value, String> {
+            t.render(&Scope {
+                object: doc,
+                element: base.get(doc),
+            })
+        };
         match self {
             Mutation::Merge(patch) => {
-                match patch.literal() {
-                    Some(p) => json_patch::merge(target, p),
-                    None => json_patch::merge(target, &patch.render(scope)?),
+                let rendered;
+                let patch = match patch.literal() {
+                    Some(p) => p,
+                    None => {
+                        rendered = render(patch, doc)?;
+                        &rendered
+                    }
+                };
+                let mut touched = Vec::new();
+                merge_touches(base.clone(), base.get(doc), patch, &mut touched);
+                for p in &touched {
+                    journal.touch(doc, p);
                 }
+                let target = base
+                    .get_mut(doc)
+                    .ok_or_else(|| format!("{} no longer exists", base.as_str()))?;
+                json_patch::merge(target, patch);
                 Ok(())
             }
             Mutation::Patch(steps) => {
                 for (i, step) in steps.iter().enumerate() {
-                    step.apply(target, scope)
+                    step.apply(doc, base, journal)
                         .map_err(|e| format!("patch[{i}] {}: {e}", step.describe()))?;
                 }
                 Ok(())
             }
             Mutation::Upsert { path, key, value } => {
-                upsert(target, path, key, &value.render(scope)?)
+                let value = render(value, doc)?;
+                let at = base.join(path);
+                // Touch only the element replaced or appended, not the whole list.
+                let touched = match (at.get(doc), value.get(key)) {
+                    (Some(Value::Array(items)), Some(id)) => {
+                        let i = items
+                            .iter()
+                            .position(|item| item.get(key) == Some(id))
+                            .unwrap_or(items.len());
+                        at.child(&i.to_string())
+                    }
+                    _ => at,
+                };
+                journal.touch(doc, &touched);
+                let target = base
+                    .get_mut(doc)
+                    .ok_or_else(|| format!("{} no longer exists", base.as_str()))?;
+                upsert(target, path, key, value)
             }
             Mutation::Rewrite {
                 path,
                 regex,
                 replacement,
-            } => match path.get_mut(target) {
-                None => Ok(()),
-                Some(Value::String(s)) => {
-                    if let std::borrow::Cow::Owned(new) = regex.replace_all(s, replacement.as_str())
-                    {
-                        *s = new;
-                    }
-                    Ok(())
-                }
-                Some(other) => Err(format!(
-                    "rewrite {}: the field is {}, not a string",
-                    path.as_str(),
-                    type_name(other)
-                )),
-            },
-            Mutation::ForEach {
-                query,
-                mutations,
-                uses_element,
             } => {
-                for pointer in query.locate(target) {
-                    let element = if *uses_element {
-                        pointer.get(target).cloned()
-                    } else {
-                        None
-                    };
-                    let Some(slot) = pointer.get_mut(target) else {
-                        continue;
-                    };
-                    let scope = Scope {
-                        object: scope.object,
-                        element: element.as_ref(),
-                    };
+                let at = base.join(path);
+                let new = match at.get(doc) {
+                    None => return Ok(()),
+                    Some(Value::String(s)) => match regex.replace_all(s, replacement.as_str()) {
+                        std::borrow::Cow::Borrowed(_) => return Ok(()),
+                        std::borrow::Cow::Owned(new) => new,
+                    },
+                    Some(other) => {
+                        return Err(format!(
+                            "rewrite {}: the field is {}, not a string",
+                            path.as_str(),
+                            type_name(other)
+                        ));
+                    }
+                };
+                journal.touch(doc, &at);
+                at.set(doc, Some(Value::String(new)));
+                Ok(())
+            }
+            Mutation::ForEach {
+                query, mutations, ..
+            } => {
+                for element in query.locate(doc) {
                     for m in mutations {
-                        m.apply(slot, &scope)
-                            .map_err(|e| format!("forEach element {}: {e}", pointer.as_str()))?;
+                        m.apply(doc, &element, journal)
+                            .map_err(|e| format!("forEach element {}: {e}", element.as_str()))?;
                     }
                 }
                 Ok(())
             }
         }
+    }
+}
+
+/// The parts of `target` a merge patch can change: it recurses where both the patch and the
+/// target are objects, and stops at the first place the patch replaces, adds or removes.
+fn merge_touches(at: Pointer, target: Option<&Value>, patch: &Value, out: &mut Vec<Pointer>) {
+    match (patch, target) {
+        (Value::Object(p), Some(Value::Object(t))) => {
+            for (key, value) in p {
+                merge_touches(at.child(key), t.get(key), value, out);
+            }
+        }
+        (Value::Null, None) => {}
+        _ => out.push(at),
     }
 }
 
@@ -400,22 +454,53 @@ impl PatchStep {
         format!("{op} {}", self.path.as_str())
     }
 
-    fn apply(&self, target: &mut Value, scope: &Scope) -> Result<(), String> {
+    /// The part an operation at `path` changes: the element's list when it inserts into or
+    /// removes from a list (indices after it shift), the path itself otherwise.
+    fn touched(doc: &Value, base: &Pointer, path: &Pointer, inserts: bool) -> Pointer {
+        let at = base.join(path);
+        if inserts
+            && let Some(parent) = at.parent()
+            && parent.get(doc).is_some_and(Value::is_array)
+        {
+            return parent;
+        }
+        at
+    }
+
+    fn apply(&self, doc: &mut Value, base: &Pointer, journal: &mut Journal) -> Result<(), String> {
         let value = match &self.value {
-            Some(t) => t.render(scope)?,
+            Some(t) => t.render(&Scope {
+                object: doc,
+                element: base.get(doc),
+            })?,
             None => Value::Null,
         };
-        let path = self.path_buf.clone();
-        let from = || self.from.clone().unwrap_or_default();
+        match self.op {
+            PatchOp::Test => {}
+            PatchOp::Replace => journal.touch(doc, &base.join(&self.path)),
+            PatchOp::Add | PatchOp::Remove | PatchOp::Copy => {
+                journal.touch(doc, &Self::touched(doc, base, &self.path, true))
+            }
+            PatchOp::Move => {
+                journal.touch(doc, &Self::touched(doc, base, &self.path, true));
+                if let Some(from) = &self.from_pointer {
+                    journal.touch(doc, &Self::touched(doc, base, from, true));
+                }
+            }
+        }
+        let target = base
+            .get_mut(doc)
+            .ok_or_else(|| format!("{} no longer exists", base.as_str()))?;
         // Unlike plain RFC 6902, the operations that write at `path` (add, copy, move) create
         // missing parent objects, so a rule does not depend on whether the object already has,
         // say, annotations.
         if matches!(self.op, PatchOp::Add | PatchOp::Copy | PatchOp::Move)
-            && let Some((_, parents)) = self.path.tokens().split_last()
+            && let Some(parent) = self.path.parent()
         {
-            Pointer::from_tokens(parents.to_vec())
-                .get_or_create(target, || Value::Object(Default::default()))?;
+            parent.get_or_create(target, || Value::Object(Default::default()))?;
         }
+        let path = self.path_buf.clone();
+        let from = || self.from.clone().unwrap_or_default();
         let op = match self.op {
             PatchOp::Add => PatchOperation::Add(AddOperation { path, value }),
             PatchOp::Remove => PatchOperation::Remove(RemoveOperation { path }),
@@ -424,11 +509,12 @@ impl PatchStep {
             PatchOp::Copy => PatchOperation::Copy(CopyOperation { from: from(), path }),
             PatchOp::Test => PatchOperation::Test(TestOperation { path, value }),
         };
-        json_patch::patch(target, &[op]).map_err(|e| e.kind.to_string())
+        // The rule's journal makes it atomic, so the patch need not copy the object first.
+        json_patch::patch_unsafe(target, &[op]).map_err(|e| e.kind.to_string())
     }
 }
 
-fn upsert(target: &mut Value, path: &Pointer, key: &str, value: &Value) -> Result<(), String> {
+fn upsert(target: &mut Value, path: &Pointer, key: &str, value: Value) -> Result<(), String> {
     let Some(id) = value.get(key) else {
         return Err(format!(
             "upsert {}: the value has no key field {key:?}",
@@ -446,13 +532,13 @@ fn upsert(target: &mut Value, path: &Pointer, key: &str, value: &Value) -> Resul
             type_name(list)
         ));
     };
-    match items.iter_mut().find(|item| item.get(key) == Some(id)) {
-        Some(existing) => {
-            if existing != value {
-                *existing = value.clone();
+    match items.iter().position(|item| item.get(key) == Some(id)) {
+        Some(i) => {
+            if items[i] != value {
+                items[i] = value;
             }
         }
-        None => items.push(value.clone()),
+        None => items.push(value),
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use regex::Regex;
@@ -12,18 +13,18 @@ use crate::api::{FailurePolicy, MatchResources, Operation, RuleSpec};
 
 use super::error::{Errors, RuleErrors};
 use super::glob::Glob;
+use super::journal::Journal;
 use super::kind::{Gvk, KindPattern};
 use super::mutation::{self, Mutation, compile_regex};
-use super::path::Query;
+use super::path::{Pointer, Query};
 use super::selector::Selector;
-use super::template::Scope;
 
 /// Which rule: a ClusterMutationRule `name`, or a MutationRule `namespace/name`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RuleId {
     /// `Some` for a MutationRule.
-    pub namespace: Option<String>,
-    pub name: String,
+    pub namespace: Option<Arc<str>>,
+    pub name: Arc<str>,
 }
 
 impl RuleId {
@@ -321,7 +322,7 @@ pub struct CompiledRule {
 pub(crate) enum RuleResult {
     NotMatched,
     Unchanged,
-    Changed(Value),
+    Changed(Journal),
     Failed(String),
 }
 
@@ -358,26 +359,24 @@ impl CompiledRule {
             && self.conditions.iter().all(|c| c.holds(object))
     }
 
-    /// Runs the rule on `object`. The rule is atomic: it works on a copy and returns it only
-    /// when every mutation succeeded and something changed.
-    pub(crate) fn run(&self, subject: &Subject, object: &Value) -> RuleResult {
-        if !self.matches(subject, object) {
+    /// Runs the rule on `doc` in place. The rule is atomic: when a mutation fails, the
+    /// journal puts back everything the rule had changed.
+    pub(crate) fn run(&self, subject: &Subject, doc: &mut Value) -> RuleResult {
+        if !self.matches(subject, doc) {
             return RuleResult::NotMatched;
         }
-        let mut working = object.clone();
-        let scope = Scope {
-            object,
-            element: None,
-        };
+        let mut journal = Journal::default();
+        let root = Pointer::root();
         for (i, m) in self.mutations.iter().enumerate() {
-            if let Err(e) = m.apply(&mut working, &scope) {
+            if let Err(e) = m.apply(doc, &root, &mut journal) {
+                journal.rollback(doc);
                 return RuleResult::Failed(format!("spec.mutations[{i}]: {e}"));
             }
         }
-        if working == *object {
-            RuleResult::Unchanged
+        if journal.changed(doc) {
+            RuleResult::Changed(journal)
         } else {
-            RuleResult::Changed(working)
+            RuleResult::Unchanged
         }
     }
 }

@@ -1,0 +1,56 @@
+//! Engine benchmark: one admission of a ~4 KB Pod against 10 / 100 / 1,000 / 10,000 rules
+//! of which 10 match. Run with `cargo bench --bench engine`.
+
+mod common;
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use initium::api::Operation;
+use initium::engine::{Gvk, RuleIndex, Subject, compile_document};
+
+fn index(total: usize) -> RuleIndex {
+    let compiled = common::rules(total)
+        .iter()
+        .map(|doc| compile_document(doc, "default").unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    RuleIndex::new(compiled)
+}
+
+fn admission(c: &mut Criterion) {
+    let pod = common::pod();
+    let size = serde_json::to_vec(&pod)
+        .map(|v| v.len())
+        .unwrap_or_default();
+    let gvk = Gvk::new("", "v1", "Pod");
+    let subject = Subject {
+        gvk: &gvk,
+        operation: Operation::Create,
+        namespace: Some("shop"),
+        name: None,
+        namespace_labels: None,
+    };
+    let mut group = c.benchmark_group(format!("evaluate_pod_{size}b"));
+    for total in [10usize, 100, 1_000, 10_000] {
+        let index = index(total);
+        let outcome = index
+            .evaluate(&subject, pod.clone(), None)
+            .unwrap_or_else(|d| panic!("{d}"));
+        assert_eq!(
+            outcome.applied.len(),
+            10,
+            "exactly the 10 matching rules change the Pod"
+        );
+        group.bench_with_input(BenchmarkId::new("rules", total), &index, |b, index| {
+            b.iter_batched(
+                || pod.clone(),
+                |p| black_box(index.evaluate(black_box(&subject), p, None)),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, admission);
+criterion_main!(benches);

@@ -1,0 +1,283 @@
+//! Change tracking without copying the object.
+//!
+//! A rule records, before each change, the prior value of the part of the object it is about
+//! to touch (`Journal`). That is enough to undo a failed rule (atomicity), to tell whether
+//! the rule changed anything, and, gathered over all rules (`Changes`), to produce the
+//! RFC 6902 patch from the original object by diffing only the touched parts.
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation};
+use serde_json::Value;
+
+use super::path::Pointer;
+
+/// Prior values of the parts a rule touched, in the order it touched them.
+#[derive(Default, Debug)]
+pub(crate) struct Journal {
+    entries: Vec<(Pointer, Option<Value>)>,
+}
+
+impl Journal {
+    /// Records what is at `pointer` before it changes. Where the pointer does not exist
+    /// yet, records that its first missing step is absent (so parents created on the way are
+    /// undone too); where that step is a list index, records the whole list.
+    pub fn touch(&mut self, doc: &Value, pointer: &Pointer) {
+        let mut current = doc;
+        let mut before = 0;
+        let mut recorded: Option<(Pointer, Option<&Value>)> = None;
+        for (token, end) in pointer.tokens() {
+            let next = match current {
+                Value::Object(map) => map.get(token.as_ref()),
+                Value::Array(items) => token.parse::<usize>().ok().and_then(|i| items.get(i)),
+                _ => None,
+            };
+            match next {
+                Some(v) => {
+                    current = v;
+                    before = end;
+                }
+                None => {
+                    let prefix = pointer.prefix(before);
+                    recorded = Some(match current {
+                        Value::Object(_) => (pointer.prefix(end), None),
+                        // An append: undone by removing the new last element.
+                        Value::Array(items) if token.parse::<usize>() == Ok(items.len()) => {
+                            (pointer.prefix(end), None)
+                        }
+                        _ => (prefix, Some(current)),
+                    });
+                    break;
+                }
+            }
+        }
+        let (pointer, prior) = recorded.unwrap_or_else(|| (pointer.clone(), Some(current)));
+        if self.entries.iter().any(|(p, _)| p.contains(&pointer)) {
+            return;
+        }
+        self.entries.push((pointer, prior.cloned()));
+    }
+
+    /// True when some touched part differs from what it was.
+    pub fn changed(&self, doc: &Value) -> bool {
+        self.entries
+            .iter()
+            .any(|(p, prior)| p.get(doc) != prior.as_ref())
+    }
+
+    /// Puts every touched part back, newest first.
+    pub fn rollback(self, doc: &mut Value) {
+        for (pointer, prior) in self.entries.into_iter().rev() {
+            pointer.set(doc, prior);
+        }
+    }
+}
+
+/// The original values of every part changed by any successful rule, as disjoint subtrees.
+#[derive(Default, Debug)]
+pub(crate) struct Changes {
+    entries: Vec<(Pointer, Option<Value>)>,
+}
+
+impl Changes {
+    /// Takes in a successful rule's journal. A part already known keeps its older original;
+    /// a part that contains known parts gets their originals put back into its own.
+    pub fn absorb(&mut self, journal: Journal) {
+        for (pointer, mut prior) in journal.entries {
+            if self.entries.iter().any(|(p, _)| p.contains(&pointer)) {
+                continue;
+            }
+            let mut kept = Vec::with_capacity(self.entries.len());
+            for (inner, inner_prior) in std::mem::take(&mut self.entries) {
+                if pointer.contains(&inner) {
+                    if let Some(value) = prior.as_mut() {
+                        pointer.relative(&inner).set(value, inner_prior);
+                    }
+                } else {
+                    kept.push((inner, inner_prior));
+                }
+            }
+            kept.push((pointer, prior));
+            self.entries = kept;
+        }
+    }
+
+    /// Replaces the original at `pointer` (inside whichever recorded part holds it).
+    pub fn set_original(&mut self, pointer: &Pointer, value: Option<Value>) {
+        for (p, prior) in &mut self.entries {
+            if p.contains(pointer) {
+                if p == pointer {
+                    *prior = value;
+                } else if let Some(v) = prior.as_mut() {
+                    p.relative(pointer).set(v, value);
+                }
+                return;
+            }
+        }
+    }
+
+    /// The RFC 6902 operations that turn the original into `doc`.
+    pub fn patch(&self, doc: &Value) -> Vec<PatchOperation> {
+        let mut ops = Vec::new();
+        for (pointer, prior) in &self.entries {
+            let mut path = pointer.as_str().to_string();
+            diff(prior.as_ref(), pointer.get(doc), &mut path, &mut ops);
+        }
+        ops
+    }
+}
+
+fn pointer_buf(path: &str) -> PointerBuf {
+    // Paths are built from valid tokens, so parsing cannot fail; fall back to the root rather
+    // than panic.
+    PointerBuf::parse(path).unwrap_or_default()
+}
+
+/// A small, deterministic structural diff: objects key by key, lists element by element
+/// (then appends or removals at the end), anything else replaced.
+pub(crate) fn diff(
+    before: Option<&Value>,
+    after: Option<&Value>,
+    path: &mut String,
+    ops: &mut Vec<PatchOperation>,
+) {
+    match (before, after) {
+        (None, None) => {}
+        (None, Some(a)) => ops.push(PatchOperation::Add(AddOperation {
+            path: pointer_buf(path),
+            value: a.clone(),
+        })),
+        (Some(_), None) => ops.push(PatchOperation::Remove(RemoveOperation {
+            path: pointer_buf(path),
+        })),
+        (Some(b), Some(a)) if b == a => {}
+        (Some(Value::Object(b)), Some(Value::Object(a))) => {
+            let len = path.len();
+            for key in b.keys().filter(|k| !a.contains_key(*k)) {
+                push_token(path, key);
+                ops.push(PatchOperation::Remove(RemoveOperation {
+                    path: pointer_buf(path),
+                }));
+                path.truncate(len);
+            }
+            for (key, value) in a {
+                push_token(path, key);
+                diff(b.get(key), Some(value), path, ops);
+                path.truncate(len);
+            }
+        }
+        (Some(Value::Array(b)), Some(Value::Array(a))) => {
+            let len = path.len();
+            for i in 0..b.len().min(a.len()) {
+                path.push('/');
+                path.push_str(&i.to_string());
+                diff(Some(&b[i]), Some(&a[i]), path, ops);
+                path.truncate(len);
+            }
+            for (i, value) in a.iter().enumerate().skip(b.len()) {
+                path.push('/');
+                path.push_str(&i.to_string());
+                ops.push(PatchOperation::Add(AddOperation {
+                    path: pointer_buf(path),
+                    value: value.clone(),
+                }));
+                path.truncate(len);
+            }
+            for i in (a.len()..b.len()).rev() {
+                path.push('/');
+                path.push_str(&i.to_string());
+                ops.push(PatchOperation::Remove(RemoveOperation {
+                    path: pointer_buf(path),
+                }));
+                path.truncate(len);
+            }
+        }
+        (Some(_), Some(a)) => ops.push(PatchOperation::Replace(ReplaceOperation {
+            path: pointer_buf(path),
+            value: a.clone(),
+        })),
+    }
+}
+
+fn push_token(path: &mut String, token: &str) {
+    path.push('/');
+    for c in token.chars() {
+        match c {
+            '~' => path.push_str("~0"),
+            '/' => path.push_str("~1"),
+            c => path.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn p(s: &str) -> Pointer {
+        Pointer::parse(s).unwrap()
+    }
+
+    #[test]
+    fn rollback_restores_touched_parts_including_created_parents() {
+        let original = json!({"metadata": {"name": "a"}, "spec": {"list": [1, 2]}});
+        let mut doc = original.clone();
+        let mut j = Journal::default();
+        j.touch(&doc, &p("/metadata/annotations/x"));
+        p("/metadata/annotations").set(&mut doc, Some(json!({"x": "1"})));
+        j.touch(&doc, &p("/spec/list/5"));
+        if let Some(Value::Array(l)) = p("/spec/list").get_mut(&mut doc) {
+            l.push(json!(3));
+        }
+        j.touch(&doc, &p("/spec"));
+        p("/spec/other").set(&mut doc, Some(json!(true)));
+        assert!(j.changed(&doc));
+        j.rollback(&mut doc);
+        assert_eq!(doc, original);
+    }
+
+    #[test]
+    fn changes_give_the_patch_from_the_original() {
+        let original =
+            json!({"metadata": {"labels": {"a": "1"}}, "spec": {"c": [{"n": 1}], "d": 1}});
+        let mut doc = original.clone();
+        let mut changes = Changes::default();
+        // Rule 1 touches a label, rule 2 the whole metadata (which holds rule 1's change).
+        let mut j = Journal::default();
+        j.touch(&doc, &p("/metadata/labels/b"));
+        p("/metadata/labels/b").set(&mut doc, Some(json!("2")));
+        changes.absorb(j);
+        let mut j = Journal::default();
+        j.touch(&doc, &p("/metadata"));
+        p("/metadata/annotations").set(&mut doc, Some(json!({"x": "y"})));
+        j.touch(&doc, &p("/spec/c/0/n"));
+        p("/spec/c/0/n").set(&mut doc, Some(json!(2)));
+        j.touch(&doc, &p("/spec/d"));
+        p("/spec/d").set(&mut doc, None);
+        changes.absorb(j);
+        let ops = changes.patch(&doc);
+        let mut patched = original.clone();
+        json_patch::patch(&mut patched, &ops).unwrap();
+        assert_eq!(patched, doc);
+        assert_eq!(ops.len(), 4, "{ops:?}");
+    }
+
+    #[test]
+    fn diff_handles_lists_growing_and_shrinking() {
+        for (b, a) in [
+            (json!([1, 2, 3]), json!([1, 5])),
+            (json!([1]), json!([1, {"x": 1}, 3])),
+            (
+                json!({"a": [1, {"b": 2}]}),
+                json!({"a": [1, {"b": 3, "c": 4}], "z": null}),
+            ),
+            (json!("x"), json!({"y": 1})),
+        ] {
+            let mut ops = Vec::new();
+            diff(Some(&b), Some(&a), &mut String::new(), &mut ops);
+            let mut patched = b.clone();
+            json_patch::patch(&mut patched, &ops).unwrap();
+            assert_eq!(patched, a);
+        }
+    }
+}
