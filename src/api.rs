@@ -152,9 +152,12 @@ pub struct MatchResources {
 
 /// A condition on the object's content. Set `path` and exactly one of `matches`, `equals`,
 /// `exists`.
-#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+// CEL cannot see `equals` (free-form JSON has no type), so "path plus exactly one of
+// matches/equals/exists" is said with property counts; `initium check` and the validating
+// webhook give the precise message.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.matches), has(self.equals), has(self.exists)].filter(x, x).size() == 1").message("set exactly one of matches, equals, exists"))]
+#[schemars(extend("minProperties" = 2, "maxProperties" = 2))]
 pub struct Condition {
     /// RFC 9535 JSONPath over the object, e.g. `$.spec.containers[*].image`.
     #[schemars(length(max = 1024))]
@@ -163,9 +166,13 @@ pub struct Condition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub matches: Option<String>,
-    /// JSON value; holds when any selected value is equal to it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_json")]
+    /// JSON value; holds when any selected value is equal to it (`null` included).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "any_json_nullable")]
     pub equals: Option<Value>,
     /// `true`: the path selects at least one value; `false`: it selects none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -248,9 +255,13 @@ pub struct PatchOperation {
     /// Source pointer for `move` and `copy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
-    /// Value for `add`, `replace` and `test`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_json")]
+    /// Value for `add`, `replace` and `test` (`null` included).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "any_json_nullable")]
     pub value: Option<Value>,
 }
 
@@ -535,8 +546,14 @@ fn unwrap_descriptions(schema: &mut JSONSchemaProps) {
     }
 }
 
-fn any_json(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
+fn any_json_nullable(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "x-kubernetes-preserve-unknown-fields": true, "nullable": true })
+}
+
+/// A field that is present is `Some`, even when it is `null` (`Option<Value>` alone reads a
+/// JSON `null` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
 }
 
 fn any_json_object(_: &mut SchemaGenerator) -> Schema {

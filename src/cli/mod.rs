@@ -170,7 +170,7 @@ fn apply(args: ApplyArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
             for (doc, outcome) in docs.iter().zip(&results) {
                 let line = json!({
                     "object": describe_object(&doc.value),
-                    "patch": outcome.patch,
+                    "patch": outcome.patch(),
                 });
                 text.push_str(
                     &serde_json::to_string(&line).map_err(|e| Error::Output(e.to_string()))?,

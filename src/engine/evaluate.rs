@@ -1,5 +1,6 @@
 //! The apply pipeline: every matching rule, in order, within the latency budget.
 
+use std::sync::LazyLock;
 use std::time::Instant;
 
 use json_patch::Patch;
@@ -8,7 +9,7 @@ use serde_json::{Map, Value};
 use crate::api::{FailurePolicy, MUTATED_BY_ANNOTATION};
 
 use super::index::RuleIndex;
-use super::journal::{Changes, Journal};
+use super::journal::{Changes, Journal, PatchOp, write_patch};
 use super::path::Pointer;
 use super::rule::{RuleId, RuleResult, Subject};
 
@@ -17,8 +18,9 @@ use super::rule::{RuleId, RuleResult, Subject};
 pub struct Outcome {
     /// The object after every rule.
     pub object: Value,
-    /// RFC 6902 patch from the original object to `object`.
-    pub patch: Patch,
+    /// RFC 6902 operations from the original object to `object` (see `patch()` and
+    /// `write_patch()`).
+    pub ops: Vec<PatchOp>,
     /// Rules that matched, in order (changed the object or not).
     pub matched: Vec<RuleId>,
     /// Rules that changed the object, in order.
@@ -29,6 +31,23 @@ pub struct Outcome {
     pub warnings: Vec<String>,
     /// True when the latency budget ran out before every rule had run.
     pub budget_exceeded: bool,
+}
+
+impl Outcome {
+    /// The RFC 6902 patch from the original object to `object`.
+    pub fn patch(&self) -> Patch {
+        Patch(
+            self.ops
+                .iter()
+                .map(|op| op.to_operation(&self.object))
+                .collect(),
+        )
+    }
+
+    /// The patch as JSON, written without copying values out of the object.
+    pub fn write_patch(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        write_patch(&self.ops, &self.object, out)
+    }
 }
 
 /// A `failurePolicy: Fail` rule failed (or could not run within the budget): the object is
@@ -71,7 +90,7 @@ impl RuleIndex {
 
         let mut outcome = Outcome {
             object: Value::Null,
-            patch: Patch(Vec::new()),
+            ops: Vec::new(),
             matched: Vec::new(),
             applied: Vec::new(),
             skipped: Vec::new(),
@@ -148,19 +167,32 @@ impl RuleIndex {
 
         if !outcome.applied.is_empty() {
             let mut journal = Journal::default();
-            journal.touch(&doc, &provenance_pointer());
+            journal.touch(&doc, provenance_pointer());
             record_provenance(&mut doc, &outcome.applied);
             changes.absorb(journal);
         }
         unfill_identity(&mut doc, &mut changes, &filled);
-        outcome.patch = Patch(changes.patch(&doc));
+        outcome.ops = changes.patch(&doc);
         outcome.object = doc;
         Ok(outcome)
     }
 }
 
-fn provenance_pointer() -> Pointer {
-    Pointer::from_tokens(["metadata", "annotations", MUTATED_BY_ANNOTATION])
+fn provenance_pointer() -> &'static Pointer {
+    static POINTER: LazyLock<Pointer> =
+        LazyLock::new(|| Pointer::from_tokens(["metadata", "annotations", MUTATED_BY_ANNOTATION]));
+    &POINTER
+}
+
+fn identity_pointer(field: &str) -> &'static Pointer {
+    static NAMESPACE: LazyLock<Pointer> =
+        LazyLock::new(|| Pointer::from_tokens(["metadata", "namespace"]));
+    static NAME: LazyLock<Pointer> = LazyLock::new(|| Pointer::from_tokens(["metadata", "name"]));
+    if field == "namespace" {
+        &NAMESPACE
+    } else {
+        &NAME
+    }
 }
 
 /// What `metadata.namespace` / `metadata.name` held before the request's values were filled in.
@@ -216,11 +248,11 @@ fn fill_identity(object: &mut Value, subject: &Subject) -> Filled {
 /// and out of the recorded originals.
 fn unfill_identity(object: &mut Value, changes: &mut Changes, filled: &Filled) {
     for (field, value, prior) in filled {
-        let pointer = Pointer::from_tokens(["metadata", *field]);
+        let pointer = identity_pointer(field);
         if pointer.get(object).and_then(Value::as_str) == Some(value.as_str()) {
             pointer.set(object, prior.value());
         }
-        changes.set_original(&pointer, prior.value());
+        changes.set_original(pointer, prior.value());
     }
 }
 

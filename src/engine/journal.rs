@@ -15,6 +15,9 @@ use super::path::Pointer;
 #[derive(Default, Debug)]
 pub(crate) struct Journal {
     entries: Vec<(Pointer, Option<Value>)>,
+    /// Some part was recorded before an operation that may leave it as it was (`touch`),
+    /// so `changed` has to compare.
+    inexact: bool,
 }
 
 impl Journal {
@@ -22,6 +25,7 @@ impl Journal {
     /// yet, records that its first missing step is absent (so parents created on the way are
     /// undone too); where that step is a list index, records the whole list.
     pub fn touch(&mut self, doc: &Value, pointer: &Pointer) {
+        self.inexact = true;
         let mut current = doc;
         let mut before = 0;
         let mut recorded: Option<(Pointer, Option<&Value>)> = None;
@@ -57,8 +61,20 @@ impl Journal {
         self.entries.push((pointer, prior.cloned()));
     }
 
+    /// Records the prior value at `pointer`, which the caller has looked up and is about to
+    /// change (`None`: absent, its parent an object, or the next index of a list).
+    pub fn record(&mut self, pointer: Pointer, prior: Option<&Value>) {
+        if self.entries.iter().any(|(p, _)| p.contains(&pointer)) {
+            return;
+        }
+        self.entries.push((pointer, prior.cloned()));
+    }
+
     /// True when some touched part differs from what it was.
     pub fn changed(&self, doc: &Value) -> bool {
+        if !self.inexact {
+            return !self.entries.is_empty();
+        }
         self.entries
             .iter()
             .any(|(p, prior)| p.get(doc) != prior.as_ref())
@@ -115,8 +131,9 @@ impl Changes {
         }
     }
 
-    /// The RFC 6902 operations that turn the original into `doc`.
-    pub fn patch(&self, doc: &Value) -> Vec<PatchOperation> {
+    /// The RFC 6902 operations that turn the original into `doc`; their values are read
+    /// from `doc` when the patch is written.
+    pub fn patch(&self, doc: &Value) -> Vec<PatchOp> {
         let mut ops = Vec::new();
         for (pointer, prior) in &self.entries {
             let mut path = pointer.as_str().to_string();
@@ -126,10 +143,69 @@ impl Changes {
     }
 }
 
-fn pointer_buf(path: &str) -> PointerBuf {
-    // Paths are built from valid tokens, so parsing cannot fail; fall back to the root rather
-    // than panic.
-    PointerBuf::parse(path).unwrap_or_default()
+/// One operation of the patch. `Add` and `Replace` take the value at `path` in the final
+/// object, so the operations hold no copies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PatchOp {
+    Add(String),
+    Remove(String),
+    Replace(String),
+}
+
+impl PatchOp {
+    pub fn path(&self) -> &str {
+        match self {
+            PatchOp::Add(p) | PatchOp::Remove(p) | PatchOp::Replace(p) => p,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            PatchOp::Add(_) => "add",
+            PatchOp::Remove(_) => "remove",
+            PatchOp::Replace(_) => "replace",
+        }
+    }
+
+    /// The operation as a `json_patch` value (copies the value out of `doc`).
+    pub fn to_operation(&self, doc: &Value) -> PatchOperation {
+        // Paths are built from valid tokens, so parsing cannot fail; fall back to the root
+        // rather than panic.
+        let path = PointerBuf::parse(self.path()).unwrap_or_default();
+        let value = || doc.pointer(self.path()).cloned().unwrap_or(Value::Null);
+        match self {
+            PatchOp::Add(_) => PatchOperation::Add(AddOperation {
+                path,
+                value: value(),
+            }),
+            PatchOp::Remove(_) => PatchOperation::Remove(RemoveOperation { path }),
+            PatchOp::Replace(_) => PatchOperation::Replace(ReplaceOperation {
+                path,
+                value: value(),
+            }),
+        }
+    }
+}
+
+/// Writes the operations as an RFC 6902 JSON document, values straight from `doc`.
+pub fn write_patch(ops: &[PatchOp], doc: &Value, out: &mut Vec<u8>) -> serde_json::Result<()> {
+    out.push(b'[');
+    for (i, op) in ops.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"op\":\"");
+        out.extend_from_slice(op.name().as_bytes());
+        out.extend_from_slice(b"\",\"path\":");
+        serde_json::to_writer(&mut *out, op.path())?;
+        if !matches!(op, PatchOp::Remove(_)) {
+            out.extend_from_slice(b",\"value\":");
+            serde_json::to_writer(&mut *out, doc.pointer(op.path()).unwrap_or(&Value::Null))?;
+        }
+        out.push(b'}');
+    }
+    out.push(b']');
+    Ok(())
 }
 
 /// A small, deterministic structural diff: objects key by key, lists element by element
@@ -138,25 +214,18 @@ pub(crate) fn diff(
     before: Option<&Value>,
     after: Option<&Value>,
     path: &mut String,
-    ops: &mut Vec<PatchOperation>,
+    ops: &mut Vec<PatchOp>,
 ) {
     match (before, after) {
         (None, None) => {}
-        (None, Some(a)) => ops.push(PatchOperation::Add(AddOperation {
-            path: pointer_buf(path),
-            value: a.clone(),
-        })),
-        (Some(_), None) => ops.push(PatchOperation::Remove(RemoveOperation {
-            path: pointer_buf(path),
-        })),
+        (None, Some(_)) => ops.push(PatchOp::Add(path.clone())),
+        (Some(_), None) => ops.push(PatchOp::Remove(path.clone())),
         (Some(b), Some(a)) if b == a => {}
         (Some(Value::Object(b)), Some(Value::Object(a))) => {
             let len = path.len();
             for key in b.keys().filter(|k| !a.contains_key(*k)) {
                 push_token(path, key);
-                ops.push(PatchOperation::Remove(RemoveOperation {
-                    path: pointer_buf(path),
-                }));
+                ops.push(PatchOp::Remove(path.clone()));
                 path.truncate(len);
             }
             for (key, value) in a {
@@ -168,34 +237,29 @@ pub(crate) fn diff(
         (Some(Value::Array(b)), Some(Value::Array(a))) => {
             let len = path.len();
             for i in 0..b.len().min(a.len()) {
-                path.push('/');
-                path.push_str(&i.to_string());
+                push_index(path, i);
                 diff(Some(&b[i]), Some(&a[i]), path, ops);
                 path.truncate(len);
             }
-            for (i, value) in a.iter().enumerate().skip(b.len()) {
-                path.push('/');
-                path.push_str(&i.to_string());
-                ops.push(PatchOperation::Add(AddOperation {
-                    path: pointer_buf(path),
-                    value: value.clone(),
-                }));
+            for i in b.len()..a.len() {
+                push_index(path, i);
+                ops.push(PatchOp::Add(path.clone()));
                 path.truncate(len);
             }
             for i in (a.len()..b.len()).rev() {
-                path.push('/');
-                path.push_str(&i.to_string());
-                ops.push(PatchOperation::Remove(RemoveOperation {
-                    path: pointer_buf(path),
-                }));
+                push_index(path, i);
+                ops.push(PatchOp::Remove(path.clone()));
                 path.truncate(len);
             }
         }
-        (Some(_), Some(a)) => ops.push(PatchOperation::Replace(ReplaceOperation {
-            path: pointer_buf(path),
-            value: a.clone(),
-        })),
+        (Some(_), Some(_)) => ops.push(PatchOp::Replace(path.clone())),
     }
+}
+
+fn push_index(path: &mut String, i: usize) {
+    use std::fmt::Write;
+    path.push('/');
+    let _ = write!(path, "{i}");
 }
 
 fn push_token(path: &mut String, token: &str) {
@@ -255,11 +319,21 @@ mod tests {
         j.touch(&doc, &p("/spec/d"));
         p("/spec/d").set(&mut doc, None);
         changes.absorb(j);
-        let ops = changes.patch(&doc);
+        let ops: Vec<PatchOperation> = changes
+            .patch(&doc)
+            .iter()
+            .map(|op| op.to_operation(&doc))
+            .collect();
         let mut patched = original.clone();
         json_patch::patch(&mut patched, &ops).unwrap();
         assert_eq!(patched, doc);
         assert_eq!(ops.len(), 4, "{ops:?}");
+    }
+
+    fn changes_ops(b: &Value, a: &Value) -> Vec<PatchOp> {
+        let mut ops = Vec::new();
+        diff(Some(b), Some(a), &mut String::new(), &mut ops);
+        ops
     }
 
     #[test]
@@ -275,8 +349,13 @@ mod tests {
         ] {
             let mut ops = Vec::new();
             diff(Some(&b), Some(&a), &mut String::new(), &mut ops);
+            let ops: Vec<PatchOperation> = ops.iter().map(|op| op.to_operation(&a)).collect();
             let mut patched = b.clone();
             json_patch::patch(&mut patched, &ops).unwrap();
+            let mut written = Vec::new();
+            write_patch(&changes_ops(&b, &a), &a, &mut written).unwrap();
+            let reparsed: json_patch::Patch = serde_json::from_slice(&written).unwrap();
+            assert_eq!(reparsed.0, ops);
             assert_eq!(patched, a);
         }
     }

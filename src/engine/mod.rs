@@ -17,6 +17,7 @@ mod template;
 pub use error::{FieldError, RuleErrors};
 pub use evaluate::{Denial, Outcome};
 pub use index::RuleIndex;
+pub use journal::PatchOp;
 pub use kind::{Gvk, KindPattern, Segment};
 pub use parse::{RuleSource, compile_document, is_rule_document, parse_rule};
 pub use path::type_name as describe_value;

@@ -194,6 +194,13 @@ fn compile_parts(p: &Parts, at: &str, in_for_each: bool, errors: &mut Errors) ->
             );
             return None;
         }
+        if merge.as_object().is_some_and(|m| m.is_empty()) {
+            errors.push(
+                format!("{at}.merge"),
+                "an empty merge patch changes nothing (if it held nulls, client-side `kubectl apply` removed them: apply rules with `kubectl apply --server-side`)",
+            );
+            return None;
+        }
         return template(merge, format!("{at}.merge"), errors).map(Mutation::Merge);
     }
     if let Some(ops) = p.patch {
@@ -341,10 +348,16 @@ impl Mutation {
         base: &Pointer,
         journal: &mut Journal,
     ) -> Result<(), String> {
+        // `@` is looked up only for templates that use it.
         let render = |t: &Template, doc: &Value| -> Result<Value, String> {
+            let element = if t.uses_element() {
+                base.get(doc)
+            } else {
+                None
+            };
             t.render(&Scope {
                 object: doc,
-                element: base.get(doc),
+                element,
             })
         };
         match self {
@@ -357,14 +370,10 @@ impl Mutation {
                         &rendered
                     }
                 };
-                let mut touched = Vec::new();
-                merge_touches(base.clone(), base.get(doc), patch, &mut touched);
-                for p in &touched {
-                    journal.touch(doc, p);
-                }
                 let target = base
                     .get_mut(doc)
                     .ok_or_else(|| format!("{} no longer exists", base.as_str()))?;
+                merge_touches(base, Some(&*target), patch, journal);
                 json_patch::merge(target, patch);
                 Ok(())
             }
@@ -378,22 +387,20 @@ impl Mutation {
             Mutation::Upsert { path, key, value } => {
                 let value = render(value, doc)?;
                 let at = base.join(path);
-                // Touch only the element replaced or appended, not the whole list.
-                let touched = match (at.get(doc), value.get(key)) {
-                    (Some(Value::Array(items)), Some(id)) => {
-                        let i = items
-                            .iter()
-                            .position(|item| item.get(key) == Some(id))
-                            .unwrap_or(items.len());
-                        at.child(&i.to_string())
+                if value.get(key).is_none() {
+                    return Err(format!(
+                        "upsert {}: the value has no key field {key:?}",
+                        path.as_str()
+                    ));
+                }
+                let list = match at.get_mut(doc) {
+                    Some(list) => list,
+                    None => {
+                        journal.touch(doc, &at);
+                        at.get_or_create(doc, || Value::Array(Vec::new()))?
                     }
-                    _ => at,
                 };
-                journal.touch(doc, &touched);
-                let target = base
-                    .get_mut(doc)
-                    .ok_or_else(|| format!("{} no longer exists", base.as_str()))?;
-                upsert(target, path, key, value)
+                upsert(list, &at, key, value, journal)
             }
             Mutation::Rewrite {
                 path,
@@ -401,23 +408,24 @@ impl Mutation {
                 replacement,
             } => {
                 let at = base.join(path);
-                let new = match at.get(doc) {
-                    None => return Ok(()),
-                    Some(Value::String(s)) => match regex.replace_all(s, replacement.as_str()) {
-                        std::borrow::Cow::Borrowed(_) => return Ok(()),
-                        std::borrow::Cow::Owned(new) => new,
-                    },
-                    Some(other) => {
-                        return Err(format!(
-                            "rewrite {}: the field is {}, not a string",
-                            path.as_str(),
-                            type_name(other)
-                        ));
+                match at.get_mut(doc) {
+                    None => Ok(()),
+                    Some(Value::String(current)) => {
+                        if let std::borrow::Cow::Owned(new) =
+                            regex.replace_all(current, replacement.as_str())
+                            && new != *current
+                        {
+                            let prior = std::mem::replace(current, new);
+                            journal.record(at, Some(&Value::String(prior)));
+                        }
+                        Ok(())
                     }
-                };
-                journal.touch(doc, &at);
-                at.set(doc, Some(Value::String(new)));
-                Ok(())
+                    Some(other) => Err(format!(
+                        "rewrite {}: the field is {}, not a string",
+                        path.as_str(),
+                        type_name(other)
+                    )),
+                }
             }
             Mutation::ForEach {
                 query, mutations, ..
@@ -434,17 +442,19 @@ impl Mutation {
     }
 }
 
-/// The parts of `target` a merge patch can change: it recurses where both the patch and the
-/// target are objects, and stops at the first place the patch replaces, adds or removes.
-fn merge_touches(at: Pointer, target: Option<&Value>, patch: &Value, out: &mut Vec<Pointer>) {
+/// Records the parts of `target` a merge patch will change: it recurses where both the patch
+/// and the target are objects, and records each place the patch replaces, adds or removes
+/// something (places it would leave as they are are not recorded).
+fn merge_touches(at: &Pointer, target: Option<&Value>, patch: &Value, journal: &mut Journal) {
     match (patch, target) {
         (Value::Object(p), Some(Value::Object(t))) => {
             for (key, value) in p {
-                merge_touches(at.child(key), t.get(key), value, out);
+                merge_touches(&at.child(key), t.get(key), value, journal);
             }
         }
         (Value::Null, None) => {}
-        _ => out.push(at),
+        (patch, Some(current)) if !patch.is_object() && patch == current => {}
+        (_, prior) => journal.record(at.clone(), prior),
     }
 }
 
@@ -514,31 +524,38 @@ impl PatchStep {
     }
 }
 
-fn upsert(target: &mut Value, path: &Pointer, key: &str, value: Value) -> Result<(), String> {
-    let Some(id) = value.get(key) else {
-        return Err(format!(
-            "upsert {}: the value has no key field {key:?}",
-            path.as_str()
-        ));
-    };
-    let list = path.get_or_create(target, || Value::Array(Vec::new()))?;
+/// Replaces the element of `list` whose `key` equals the value's, or appends the value;
+/// records only what it changes.
+fn upsert(
+    list: &mut Value,
+    at: &Pointer,
+    key: &str,
+    value: Value,
+    journal: &mut Journal,
+) -> Result<(), String> {
     if list.is_null() {
+        journal.record(at.clone(), Some(list));
         *list = Value::Array(Vec::new());
     }
     let Value::Array(items) = list else {
         return Err(format!(
             "upsert {}: the field is {}, not a list",
-            path.as_str(),
+            at.as_str(),
             type_name(list)
         ));
     };
-    match items.iter().position(|item| item.get(key) == Some(id)) {
+    let id = value.get(key);
+    match items.iter().position(|item| item.get(key) == id) {
         Some(i) => {
             if items[i] != value {
+                journal.record(at.child(&i.to_string()), Some(&items[i]));
                 items[i] = value;
             }
         }
-        None => items.push(value),
+        None => {
+            journal.record(at.child(&items.len().to_string()), None);
+            items.push(value);
+        }
     }
     Ok(())
 }

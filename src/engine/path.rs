@@ -216,19 +216,42 @@ impl Pointer {
 }
 
 fn unescape(raw: &str) -> Cow<'_, str> {
-    if raw.contains('~') {
-        raw.replace("~1", "/").replace("~0", "~").into()
-    } else {
-        raw.into()
+    if !raw.contains('~') {
+        return raw.into();
     }
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        match (c, c == '~') {
+            (_, true) => match chars.next() {
+                Some('1') => out.push('/'),
+                Some('0') => out.push('~'),
+                // parse() rejects anything else; keep it as written rather than guess.
+                Some(other) => {
+                    out.push('~');
+                    out.push(other);
+                }
+                None => out.push('~'),
+            },
+            (c, false) => out.push(c),
+        }
+    }
+    out.into()
 }
 
 fn escape(token: &str) -> Cow<'_, str> {
-    if token.contains(['~', '/']) {
-        token.replace('~', "~0").replace('/', "~1").into()
-    } else {
-        token.into()
+    if !token.contains(['~', '/']) {
+        return token.into();
     }
+    let mut out = String::with_capacity(token.len() + 2);
+    for c in token.chars() {
+        match c {
+            '~' => out.push_str("~0"),
+            '/' => out.push_str("~1"),
+            c => out.push(c),
+        }
+    }
+    out.into()
 }
 
 fn step<'a>(v: &'a Value, token: &str) -> Option<&'a Value> {
