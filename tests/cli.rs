@@ -499,3 +499,39 @@ fn crd_prints_both_crds() {
         ]
     );
 }
+
+#[test]
+fn every_examples_patch_turns_its_input_into_its_output() {
+    use initium::cli::input::read_documents;
+    use initium::cli::offline::{Admitted, admit, load_rules, namespace_labels};
+    for name in examples() {
+        let dir = root().join("examples").join(&name);
+        let rules = load_rules(&[dir.join("rules.yaml")], "default").unwrap();
+        let docs = read_documents(&[dir.join("objects.yaml")]).unwrap();
+        let namespaces = namespace_labels(&docs);
+        for doc in &docs {
+            let Admitted::Ok(outcome) = admit(
+                &rules.index,
+                doc,
+                initium::api::Operation::Create,
+                "default",
+                &namespaces,
+            )
+            .unwrap() else {
+                panic!("{name}: {} denied", doc.origin);
+            };
+            let mut patched = doc.value.clone();
+            json_patch::patch(&mut patched, &outcome.patch())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(patched, outcome.object, "{name}: {}", doc.origin);
+            let mut written = Vec::new();
+            outcome.write_patch(&mut written).unwrap();
+            let reparsed: json_patch::Patch = serde_json::from_slice(&written).unwrap();
+            assert_eq!(
+                reparsed,
+                outcome.patch(),
+                "{name}: the written patch is the patch"
+            );
+        }
+    }
+}

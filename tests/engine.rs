@@ -196,7 +196,7 @@ fn an_overrun_budget_skips_ignore_rules_and_denies_for_fail_rules() {
         out.warnings,
         ["ClusterMutationRule soft skipped: the latency budget ran out before it could run"]
     );
-    assert!(out.patch.0.is_empty());
+    assert!(out.ops.is_empty());
     let denial = try_admit(
         &index(vec![ignore.clone(), fail]),
         &pod("a", "b"),
@@ -248,17 +248,7 @@ fn namespace_and_name_come_from_the_request_when_the_object_lacks_them() {
         out.object["metadata"].get("namespace").is_none(),
         "the filled-in namespace is not written back"
     );
-    let paths: Vec<String> = out
-        .patch
-        .0
-        .iter()
-        .map(|op| {
-            serde_json::to_value(op).unwrap()["path"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let paths: Vec<&str> = out.ops.iter().map(|op| op.path()).collect();
     assert_eq!(paths, ["/metadata/annotations"]);
 }
 
@@ -502,7 +492,7 @@ fn mutations_patch_upsert_foreach_rewrite_and_templates() {
     );
     // The patch turns the original into the result.
     let mut patched = pod("shop", "web");
-    json_patch::patch(&mut patched, &out.patch).unwrap();
+    json_patch::patch(&mut patched, &out.patch()).unwrap();
     assert_eq!(patched, out.object);
 }
 
@@ -526,7 +516,7 @@ fn upsert_replaces_by_key_and_is_idempotent() {
     let again = admit(&idx, &out.object, Some("a"));
     assert!(again.applied.is_empty());
     assert_eq!(again.object, out.object);
-    assert!(again.patch.0.is_empty());
+    assert!(again.ops.is_empty());
 }
 
 #[test]
@@ -539,7 +529,7 @@ fn no_change_means_no_annotation_and_an_empty_patch() {
     assert_eq!(out.matched.len(), 1);
     assert!(out.applied.is_empty());
     assert!(out.object["metadata"].get("annotations").is_none());
-    assert!(out.patch.0.is_empty());
+    assert!(out.ops.is_empty());
 }
 
 #[test]

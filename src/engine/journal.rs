@@ -9,7 +9,7 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde_json::Value;
 
-use super::path::Pointer;
+use super::path::{Pointer, lookup};
 
 /// Prior values of the parts a rule touched, in the order it touched them.
 #[derive(Default, Debug)]
@@ -25,8 +25,13 @@ impl Journal {
     /// yet, records that its first missing step is absent (so parents created on the way are
     /// undone too); where that step is a list index, records the whole list.
     pub fn touch(&mut self, doc: &Value, pointer: &Pointer) {
+        self.touch_in(doc, &Pointer::root(), pointer);
+    }
+
+    /// `touch` for `pointer` relative to `target`, the value at `base`.
+    pub fn touch_in(&mut self, target: &Value, base: &Pointer, pointer: &Pointer) {
         self.inexact = true;
-        let mut current = doc;
+        let mut current = target;
         let mut before = 0;
         let mut recorded: Option<(Pointer, Option<&Value>)> = None;
         for (token, end) in pointer.tokens() {
@@ -41,24 +46,20 @@ impl Journal {
                     before = end;
                 }
                 None => {
-                    let prefix = pointer.prefix(before);
                     recorded = Some(match current {
                         Value::Object(_) => (pointer.prefix(end), None),
                         // An append: undone by removing the new last element.
                         Value::Array(items) if token.parse::<usize>() == Ok(items.len()) => {
                             (pointer.prefix(end), None)
                         }
-                        _ => (prefix, Some(current)),
+                        _ => (pointer.prefix(before), Some(current)),
                     });
                     break;
                 }
             }
         }
-        let (pointer, prior) = recorded.unwrap_or_else(|| (pointer.clone(), Some(current)));
-        if self.entries.iter().any(|(p, _)| p.contains(&pointer)) {
-            return;
-        }
-        self.entries.push((pointer, prior.cloned()));
+        let (relative, prior) = recorded.unwrap_or_else(|| (pointer.clone(), Some(current)));
+        self.record(base.join(&relative), prior);
     }
 
     /// Records the prior value at `pointer`, which the caller has looked up and is about to
@@ -102,18 +103,20 @@ impl Changes {
             if self.entries.iter().any(|(p, _)| p.contains(&pointer)) {
                 continue;
             }
-            let mut kept = Vec::with_capacity(self.entries.len());
-            for (inner, inner_prior) in std::mem::take(&mut self.entries) {
-                if pointer.contains(&inner) {
-                    if let Some(value) = prior.as_mut() {
-                        pointer.relative(&inner).set(value, inner_prior);
+            if self.entries.iter().any(|(p, _)| pointer.contains(p)) {
+                let mut kept = Vec::with_capacity(self.entries.len());
+                for (inner, inner_prior) in std::mem::take(&mut self.entries) {
+                    if pointer.contains(&inner) {
+                        if let Some(value) = prior.as_mut() {
+                            pointer.relative(&inner).set(value, inner_prior);
+                        }
+                    } else {
+                        kept.push((inner, inner_prior));
                     }
-                } else {
-                    kept.push((inner, inner_prior));
                 }
+                self.entries = kept;
             }
-            kept.push((pointer, prior));
-            self.entries = kept;
+            self.entries.push((pointer, prior));
         }
     }
 
@@ -172,7 +175,7 @@ impl PatchOp {
         // Paths are built from valid tokens, so parsing cannot fail; fall back to the root
         // rather than panic.
         let path = PointerBuf::parse(self.path()).unwrap_or_default();
-        let value = || doc.pointer(self.path()).cloned().unwrap_or(Value::Null);
+        let value = || lookup(doc, self.path()).cloned().unwrap_or(Value::Null);
         match self {
             PatchOp::Add(_) => PatchOperation::Add(AddOperation {
                 path,
@@ -200,7 +203,7 @@ pub fn write_patch(ops: &[PatchOp], doc: &Value, out: &mut Vec<u8>) -> serde_jso
         serde_json::to_writer(&mut *out, op.path())?;
         if !matches!(op, PatchOp::Remove(_)) {
             out.extend_from_slice(b",\"value\":");
-            serde_json::to_writer(&mut *out, doc.pointer(op.path()).unwrap_or(&Value::Null))?;
+            serde_json::to_writer(&mut *out, lookup(doc, op.path()).unwrap_or(&Value::Null))?;
         }
         out.push(b'}');
     }

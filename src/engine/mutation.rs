@@ -338,18 +338,61 @@ impl Mutation {
         }
     }
 
+    /// True when applying it renders no template.
+    fn is_literal(&self) -> bool {
+        match self {
+            Mutation::Merge(t) | Mutation::Upsert { value: t, .. } => t.literal().is_some(),
+            Mutation::Patch(steps) => steps
+                .iter()
+                .all(|s| s.value.as_ref().is_none_or(|t| t.literal().is_some())),
+            Mutation::Rewrite { .. } => true,
+            Mutation::ForEach { .. } => false,
+        }
+    }
+
     /// Applies the mutation at `base` (the object root, or a `forEach` element), recording
-    /// in `journal` what it is about to change. Templates read the object as it is now
-    /// (`$`) and the element at `base` (`@`). The error says what went wrong, without the
-    /// rule name.
+    /// in `journal` what it changes. Templates read the object as it is now (`$`) and the
+    /// element at `base` (`@`). The error says what went wrong, without the rule name.
     pub(crate) fn apply(
         &self,
         doc: &mut Value,
         base: &Pointer,
         journal: &mut Journal,
     ) -> Result<(), String> {
+        if let Mutation::ForEach {
+            query, mutations, ..
+        } = self
+        {
+            let literal = mutations.iter().all(Mutation::is_literal);
+            for element in query.locate(doc) {
+                let result = if literal {
+                    // Nothing to render: look the element up once for all its mutations.
+                    match element.get_mut(doc) {
+                        Some(target) => mutations.iter().try_for_each(|m| {
+                            m.apply_to(target, &element, Rendered::None, journal)
+                        }),
+                        None => Ok(()),
+                    }
+                } else {
+                    mutations
+                        .iter()
+                        .try_for_each(|m| m.apply(doc, &element, journal))
+                };
+                result.map_err(|e| format!("forEach element {}: {e}", element.as_str()))?;
+            }
+            return Ok(());
+        }
+        let rendered = self.render(doc, base)?;
+        let target = base
+            .get_mut(doc)
+            .ok_or_else(|| format!("{} no longer exists", base.as_str()))?;
+        self.apply_to(target, base, rendered, journal)
+    }
+
+    /// Renders the mutation's templates against the object as it is now.
+    fn render(&self, doc: &Value, base: &Pointer) -> Result<Rendered, String> {
         // `@` is looked up only for templates that use it.
-        let render = |t: &Template, doc: &Value| -> Result<Value, String> {
+        let render = |t: &Template| {
             let element = if t.uses_element() {
                 base.get(doc)
             } else {
@@ -360,44 +403,63 @@ impl Mutation {
                 element,
             })
         };
+        Ok(match self {
+            Mutation::Merge(t) | Mutation::Upsert { value: t, .. } if t.literal().is_none() => {
+                Rendered::One(render(t)?)
+            }
+            Mutation::Patch(steps) if !self.is_literal() => Rendered::Steps(
+                steps
+                    .iter()
+                    .map(|s| s.value.as_ref().map(render).transpose())
+                    .collect::<Result<_, _>>()?,
+            ),
+            _ => Rendered::None,
+        })
+    }
+
+    /// Applies the mutation to `target`, the value at `base`, with its templates rendered.
+    fn apply_to(
+        &self,
+        target: &mut Value,
+        base: &Pointer,
+        rendered: Rendered,
+        journal: &mut Journal,
+    ) -> Result<(), String> {
         match self {
-            Mutation::Merge(patch) => {
-                let rendered;
-                let patch = match patch.literal() {
-                    Some(p) => p,
-                    None => {
-                        rendered = render(patch, doc)?;
-                        &rendered
+            Mutation::Merge(t) => {
+                let owned;
+                let patch = match (rendered, t.literal()) {
+                    (Rendered::One(v), _) => {
+                        owned = v;
+                        &owned
                     }
+                    (_, Some(v)) => v,
+                    (_, None) => return Err("merge patch was not rendered".into()),
                 };
-                let target = base
-                    .get_mut(doc)
-                    .ok_or_else(|| format!("{} no longer exists", base.as_str()))?;
                 merge_touches(base, Some(&*target), patch, journal);
                 json_patch::merge(target, patch);
                 Ok(())
             }
-            Mutation::Patch(steps) => {
-                for (i, step) in steps.iter().enumerate() {
-                    step.apply(doc, base, journal)
-                        .map_err(|e| format!("patch[{i}] {}: {e}", step.describe()))?;
-                }
-                Ok(())
-            }
             Mutation::Upsert { path, key, value } => {
-                let value = render(value, doc)?;
-                let at = base.join(path);
+                let value = match rendered {
+                    Rendered::One(v) => v,
+                    _ => value
+                        .literal()
+                        .cloned()
+                        .ok_or("upsert value was not rendered")?,
+                };
                 if value.get(key).is_none() {
                     return Err(format!(
                         "upsert {}: the value has no key field {key:?}",
                         path.as_str()
                     ));
                 }
-                let list = match at.get_mut(doc) {
+                let at = base.join(path);
+                let list = match path.get_mut(target) {
                     Some(list) => list,
                     None => {
-                        journal.touch(doc, &at);
-                        at.get_or_create(doc, || Value::Array(Vec::new()))?
+                        journal.touch_in(target, base, path);
+                        path.get_or_create(target, || Value::Array(Vec::new()))?
                     }
                 };
                 upsert(list, &at, key, value, journal)
@@ -406,40 +468,52 @@ impl Mutation {
                 path,
                 regex,
                 replacement,
-            } => {
-                let at = base.join(path);
-                match at.get_mut(doc) {
-                    None => Ok(()),
-                    Some(Value::String(current)) => {
-                        if let std::borrow::Cow::Owned(new) =
-                            regex.replace_all(current, replacement.as_str())
-                            && new != *current
-                        {
-                            let prior = std::mem::replace(current, new);
-                            journal.record(at, Some(&Value::String(prior)));
-                        }
-                        Ok(())
+            } => match path.get_mut(target) {
+                None => Ok(()),
+                Some(Value::String(current)) => {
+                    if let std::borrow::Cow::Owned(new) =
+                        regex.replace_all(current, replacement.as_str())
+                        && new != *current
+                    {
+                        let prior = std::mem::replace(current, new);
+                        journal.record(base.join(path), Some(&Value::String(prior)));
                     }
-                    Some(other) => Err(format!(
-                        "rewrite {}: the field is {}, not a string",
-                        path.as_str(),
-                        type_name(other)
-                    )),
+                    Ok(())
                 }
-            }
-            Mutation::ForEach {
-                query, mutations, ..
-            } => {
-                for element in query.locate(doc) {
-                    for m in mutations {
-                        m.apply(doc, &element, journal)
-                            .map_err(|e| format!("forEach element {}: {e}", element.as_str()))?;
-                    }
+                Some(other) => Err(format!(
+                    "rewrite {}: the field is {}, not a string",
+                    path.as_str(),
+                    type_name(other)
+                )),
+            },
+            Mutation::Patch(steps) => {
+                let mut values = match rendered {
+                    Rendered::Steps(values) => values.into_iter(),
+                    _ => Vec::new().into_iter(),
+                };
+                for (i, step) in steps.iter().enumerate() {
+                    let value = match values.next() {
+                        Some(v) => v,
+                        None => step.value.as_ref().and_then(Template::literal).cloned(),
+                    };
+                    step.apply_to(target, base, value.unwrap_or(Value::Null), journal)
+                        .map_err(|e| format!("patch[{i}] {}: {e}", step.describe()))?;
                 }
                 Ok(())
             }
+            Mutation::ForEach { .. } => Err("forEach cannot be nested".into()),
         }
     }
+}
+
+/// Template values rendered for one application of a mutation.
+enum Rendered {
+    /// Nothing to render: the mutation's values are literal.
+    None,
+    /// The merge patch or upsert value.
+    One(Value),
+    /// The value of each patch step.
+    Steps(Vec<Option<Value>>),
 }
 
 /// Records the parts of `target` a merge patch will change: it recurses where both the patch
@@ -464,43 +538,37 @@ impl PatchStep {
         format!("{op} {}", self.path.as_str())
     }
 
-    /// The part an operation at `path` changes: the element's list when it inserts into or
-    /// removes from a list (indices after it shift), the path itself otherwise.
-    fn touched(doc: &Value, base: &Pointer, path: &Pointer, inserts: bool) -> Pointer {
-        let at = base.join(path);
-        if inserts
-            && let Some(parent) = at.parent()
-            && parent.get(doc).is_some_and(Value::is_array)
+    /// The part an operation at `path` changes: the list when it inserts into or removes
+    /// from a list (indices after it shift), the path itself otherwise.
+    fn touched(target: &Value, path: &Pointer) -> Pointer {
+        if let Some(parent) = path.parent()
+            && parent.get(target).is_some_and(Value::is_array)
         {
             return parent;
         }
-        at
+        path.clone()
     }
 
-    fn apply(&self, doc: &mut Value, base: &Pointer, journal: &mut Journal) -> Result<(), String> {
-        let value = match &self.value {
-            Some(t) => t.render(&Scope {
-                object: doc,
-                element: base.get(doc),
-            })?,
-            None => Value::Null,
-        };
+    fn apply_to(
+        &self,
+        target: &mut Value,
+        base: &Pointer,
+        value: Value,
+        journal: &mut Journal,
+    ) -> Result<(), String> {
         match self.op {
             PatchOp::Test => {}
-            PatchOp::Replace => journal.touch(doc, &base.join(&self.path)),
+            PatchOp::Replace => journal.touch_in(target, base, &self.path),
             PatchOp::Add | PatchOp::Remove | PatchOp::Copy => {
-                journal.touch(doc, &Self::touched(doc, base, &self.path, true))
+                journal.touch_in(target, base, &Self::touched(target, &self.path))
             }
             PatchOp::Move => {
-                journal.touch(doc, &Self::touched(doc, base, &self.path, true));
+                journal.touch_in(target, base, &Self::touched(target, &self.path));
                 if let Some(from) = &self.from_pointer {
-                    journal.touch(doc, &Self::touched(doc, base, from, true));
+                    journal.touch_in(target, base, &Self::touched(target, from));
                 }
             }
         }
-        let target = base
-            .get_mut(doc)
-            .ok_or_else(|| format!("{} no longer exists", base.as_str()))?;
         // Unlike plain RFC 6902, the operations that write at `path` (add, copy, move) create
         // missing parent objects, so a rule does not depend on whether the object already has,
         // say, annotations.

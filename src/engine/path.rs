@@ -215,6 +215,18 @@ impl Pointer {
     }
 }
 
+/// The value at an encoded pointer (one this module built), without allocating for plain
+/// tokens.
+pub fn lookup<'a>(doc: &'a Value, pointer: &str) -> Option<&'a Value> {
+    if pointer.is_empty() {
+        return Some(doc);
+    }
+    pointer
+        .strip_prefix('/')?
+        .split('/')
+        .try_fold(doc, |v, raw| step(v, &unescape(raw)))
+}
+
 fn unescape(raw: &str) -> Cow<'_, str> {
     if !raw.contains('~') {
         return raw.into();
