@@ -6,6 +6,8 @@
 pub mod api;
 pub mod cli;
 pub mod engine;
+pub mod metrics;
+pub mod state;
 
 use engine::RuleErrors;
 
