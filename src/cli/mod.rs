@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
-use crate::api::{self, Operation};
+use crate::api::Operation;
 use crate::{Error, Result};
 
 use offline::{Admitted, admit, describe_object, load_rules, namespace_labels};
@@ -201,10 +201,8 @@ fn crd(args: CrdArgs, out: &mut dyn Write) -> Result<()> {
             .write_all(output::crds_yaml()?.as_bytes())
             .map_err(|e| Error::Output(e.to_string())),
         Some(dir) => {
-            for crd in api::crds() {
-                let name = crd.metadata.name.clone().unwrap_or_default();
-                let path = dir.join(format!("{name}.yaml"));
-                let text = output::crd_file(&crd)?;
+            for (file, text) in output::crd_files()? {
+                let path = dir.join(file);
                 std::fs::write(&path, text)
                     .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
             }

@@ -34,6 +34,22 @@ pub fn crd_file(crd: &CustomResourceDefinition) -> Result<String> {
     Ok(format!("{GENERATED}{}", yaml(crd)?))
 }
 
+/// The files of `crds/`: one per CRD and a `kustomization.yaml` listing them (so
+/// `deploy/` can include the directory).
+pub fn crd_files() -> Result<Vec<(String, String)>> {
+    let mut files = Vec::new();
+    let mut kustomization = format!(
+        "{GENERATED}apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n"
+    );
+    for crd in api::crds() {
+        let file = format!("{}.yaml", crd.metadata.name.clone().unwrap_or_default());
+        kustomization.push_str(&format!("  - {file}\n"));
+        files.push((file, crd_file(&crd)?));
+    }
+    files.push(("kustomization.yaml".to_string(), kustomization));
+    Ok(files)
+}
+
 /// Both CRDs as multi-document YAML (what `initium crd` prints).
 pub fn crds_yaml() -> Result<String> {
     let mut text = String::new();
