@@ -48,6 +48,8 @@ pub struct Metrics {
     pub budget_overruns: Counter,
     /// Rules by state.
     pub rules: Family<StateLabels, Gauge>,
+    /// 1 while this replica holds the writer Lease.
+    pub leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -61,6 +63,7 @@ impl Default for Metrics {
         let rule_errors = Family::<RuleLabels, Counter>::default();
         let budget_overruns = Counter::default();
         let rules = Family::<StateLabels, Gauge>::default();
+        let leader = Gauge::default();
         registry.register(
             "admission_duration_seconds",
             "Admission request duration",
@@ -82,6 +85,11 @@ impl Default for Metrics {
             budget_overruns.clone(),
         );
         registry.register("rules", "Rules by state", rules.clone());
+        registry.register(
+            "leader",
+            "1 while this replica holds the writer Lease",
+            leader.clone(),
+        );
         Metrics {
             registry,
             admission_duration,
@@ -89,6 +97,7 @@ impl Default for Metrics {
             rule_errors,
             budget_overruns,
             rules,
+            leader,
         }
     }
 }
