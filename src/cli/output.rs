@@ -34,7 +34,7 @@ pub fn crd_file(crd: &CustomResourceDefinition) -> Result<String> {
     Ok(format!("{GENERATED}{}", yaml(crd)?))
 }
 
-/// The files of `crds/`: one per CRD and a `kustomization.yaml` listing them (so
+/// The files of `crds/`: one per CRD and a `Kustomization` file listing them (so
 /// `deploy/` can include the directory).
 pub fn crd_files() -> Result<Vec<(String, String)>> {
     let mut files = Vec::new();
@@ -46,7 +46,8 @@ pub fn crd_files() -> Result<Vec<(String, String)>> {
         kustomization.push_str(&format!("  - {file}\n"));
         files.push((file, crd_file(&crd)?));
     }
-    files.push(("kustomization.yaml".to_string(), kustomization));
+    // Named `Kustomization` (no extension) so `kubectl apply -f crds/` skips it.
+    files.push(("Kustomization".to_string(), kustomization));
     Ok(files)
 }
 
