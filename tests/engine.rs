@@ -275,9 +275,26 @@ fn namespace_selectors_use_namespace_labels_and_skip_other_cluster_scoped_object
                 .is_empty()
         };
     assert!(run(Some("shop"), Some(&prod), &gvk, &pod("shop", "a")));
+    // Unknown labels are not guessed: the rule fails and its failurePolicy (Ignore) decides.
+    let subject = Subject {
+        gvk: &gvk,
+        operation: Operation::Create,
+        namespace: Some("shop"),
+        name: None,
+        namespace_labels: None,
+    };
+    let out = idx.evaluate(&subject, pod("shop", "a"), None).unwrap();
+    assert!(out.applied.is_empty());
+    assert_eq!(
+        out.warnings,
+        [
+            "ClusterMutationRule prod skipped: the labels of namespace shop are not known yet (needed by namespaceSelector)"
+        ]
+    );
+    let empty = BTreeMap::new();
     assert!(
-        !run(Some("shop"), None, &gvk, &pod("shop", "a")),
-        "unknown namespace labels are no labels"
+        !run(Some("shop"), Some(&empty), &gvk, &pod("shop", "a")),
+        "known and without the label"
     );
     let ns_gvk = Gvk::new("", "v1", "Namespace");
     let ns_obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop", "labels": {"env": "prod"}}});

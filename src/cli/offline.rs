@@ -44,6 +44,8 @@ const CLUSTER_SCOPED: &[&str] = &[
     "ClusterMutationRule",
 ];
 
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
 /// Loaded rules: the index and how many non-rule documents were passed over.
 pub struct LoadedRules {
     pub index: RuleIndex,
@@ -161,7 +163,8 @@ pub fn admit(
         operation,
         namespace,
         name: meta_str("name"),
-        namespace_labels: namespace.and_then(|ns| namespaces.get(ns)),
+        // Offline, a namespace without a Namespace object among the inputs has no labels.
+        namespace_labels: namespace.map(|ns| namespaces.get(ns).unwrap_or(&NO_LABELS)),
     };
     Ok(match index.evaluate(&subject, object.clone(), None) {
         Ok(outcome) => Admitted::Ok(outcome),

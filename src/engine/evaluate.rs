@@ -108,7 +108,7 @@ impl RuleIndex {
                 outcome.budget_exceeded = true;
             }
             if outcome.budget_exceeded {
-                if !rule.matches(subject, &doc) {
+                if rule.matches(subject, &doc) == Ok(false) {
                     continue;
                 }
                 outcome.matched.push(rule.id.clone());

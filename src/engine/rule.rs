@@ -93,7 +93,9 @@ pub struct Subject<'a> {
     pub namespace: Option<&'a str>,
     /// The request's name, when known.
     pub name: Option<&'a str>,
-    /// Labels of the object's Namespace (for `namespaceSelector`); `None` = unknown (no labels).
+    /// Labels of the object's Namespace (for `namespaceSelector`). `None` means unknown:
+    /// a rule that needs them then fails (and its `failurePolicy` decides) rather than
+    /// guess; offline callers pass an empty map for namespaces they have no object for.
     pub namespace_labels: Option<&'a BTreeMap<String, String>>,
 }
 
@@ -187,14 +189,16 @@ impl Matcher {
             && self.annotations.is_empty()
     }
 
-    fn matches(&self, subject: &Subject, object: &Value) -> bool {
+    /// Whether the object matches. An error when it cannot be told: the labels of the
+    /// object's Namespace are needed but not known (yet).
+    fn matches(&self, subject: &Subject, object: &Value) -> Result<bool, String> {
         if !self.kinds.is_empty() && !self.kinds.iter().any(|k| k.matches(subject.gvk)) {
-            return false;
+            return Ok(false);
         }
         if let Some(ops) = &self.operations
             && !ops.contains(&subject.operation)
         {
-            return false;
+            return Ok(false);
         }
         let metadata = object.get("metadata");
         let meta_str = |field: &str| {
@@ -211,7 +215,7 @@ impl Matcher {
                 .or_else(|| meta_str("generateName"))
                 .unwrap_or("");
             if !self.names.iter().any(|g| g.matches(name)) {
-                return false;
+                return Ok(false);
             }
         }
         // A rule restricted by namespace applies to namespaced objects, and to Namespace
@@ -227,7 +231,7 @@ impl Matcher {
         if !self.namespaces.is_empty() {
             match namespace {
                 Some(ns) if self.namespaces.iter().any(|g| g.matches(ns)) => {}
-                _ => return false,
+                _ => return Ok(false),
             }
         }
         if let Some(selector) = &self.namespace_selector {
@@ -238,15 +242,21 @@ impl Matcher {
                         .and_then(Value::as_object),
                 )
             } else if namespace.is_some() {
-                match subject.namespace_labels {
-                    Some(labels) => selector.matches_map(labels),
-                    None => selector.matches_map(&BTreeMap::new()),
+                match (subject.namespace_labels, namespace) {
+                    (Some(labels), _) => selector.matches_map(labels),
+                    // Guessing "no labels" could match a NotIn/DoesNotExist selector wrongly.
+                    (None, ns) => {
+                        return Err(format!(
+                            "the labels of namespace {} are not known yet (needed by namespaceSelector)",
+                            ns.unwrap_or_default()
+                        ));
+                    }
                 }
             } else {
                 false
             };
             if !holds {
-                return false;
+                return Ok(false);
             }
         }
         if let Some(selector) = &self.labels
@@ -256,7 +266,7 @@ impl Matcher {
                     .and_then(Value::as_object),
             )
         {
-            return false;
+            return Ok(false);
         }
         if !self.annotations.is_empty() {
             let annotations = metadata
@@ -265,11 +275,11 @@ impl Matcher {
             for (key, glob) in &self.annotations {
                 match annotations.and_then(|a| a.get(key)).and_then(Value::as_str) {
                     Some(v) if glob.matches(v) => {}
-                    _ => return false,
+                    _ => return Ok(false),
                 }
             }
         }
-        true
+        Ok(true)
     }
 }
 
@@ -350,20 +360,27 @@ impl CompiledRule {
             .then_with(|| self.id.cmp(&other.id))
     }
 
-    pub(crate) fn matches(&self, subject: &Subject, object: &Value) -> bool {
-        self.matcher.matches(subject, object)
-            && !self
-                .exclude
-                .as_ref()
-                .is_some_and(|e| e.matches(subject, object))
-            && self.conditions.iter().all(|c| c.holds(object))
+    /// Whether the rule applies to the object; an error when that cannot be told (see
+    /// `Subject::namespace_labels`), which the rule's failure policy then handles.
+    pub(crate) fn matches(&self, subject: &Subject, object: &Value) -> Result<bool, String> {
+        if !self.matcher.matches(subject, object)? {
+            return Ok(false);
+        }
+        if let Some(exclude) = &self.exclude
+            && exclude.matches(subject, object)?
+        {
+            return Ok(false);
+        }
+        Ok(self.conditions.iter().all(|c| c.holds(object)))
     }
 
     /// Runs the rule on `doc` in place. The rule is atomic: when a mutation fails, the
     /// journal puts back everything the rule had changed.
     pub(crate) fn run(&self, subject: &Subject, doc: &mut Value) -> RuleResult {
-        if !self.matches(subject, doc) {
-            return RuleResult::NotMatched;
+        match self.matches(subject, doc) {
+            Ok(true) => {}
+            Ok(false) => return RuleResult::NotMatched,
+            Err(e) => return RuleResult::Failed(e),
         }
         let mut journal = Journal::default();
         let root = Pointer::root();
