@@ -3,10 +3,13 @@
 //! `engine` is pure: rules in, compiled index; object in, mutated object + patch + report out.
 //! `api` holds the CRD types; `cli` is the offline adapter around the engine.
 
+pub mod admission;
 pub mod api;
 pub mod cli;
+pub mod controller;
 pub mod engine;
 pub mod metrics;
+pub mod ops;
 pub mod state;
 
 use engine::RuleErrors;
@@ -26,6 +29,9 @@ pub enum Error {
     /// Writing results failed.
     #[error("{0}")]
     Output(String),
+    /// `initium serve` could not start or stopped on an error.
+    #[error("{0}")]
+    Serve(String),
     /// Test cases failed (the report has the details).
     #[error("{failed} of {total} test case(s) failed")]
     TestsFailed { failed: usize, total: usize },

@@ -9,8 +9,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = initium::cli::Cli::parse();
-    let mut out = std::io::stdout().lock();
-    let mut err = std::io::stderr().lock();
+    // Not locked for the whole run: `serve` logs to stderr from many threads.
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
     match initium::cli::run(cli.command, &mut out, &mut err) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

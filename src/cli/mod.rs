@@ -3,6 +3,7 @@
 pub mod input;
 pub mod offline;
 pub mod output;
+pub mod serve;
 pub mod test;
 
 use std::io::Write;
@@ -37,6 +38,8 @@ pub enum Command {
     Test(TestArgs),
     /// Print the CustomResourceDefinitions (or write them to a directory).
     Crd(CrdArgs),
+    /// Run the admission webhook, the rule watches and the operations endpoints.
+    Serve(Box<serve::ServeArgs>),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -113,6 +116,7 @@ pub fn run(command: Command, out: &mut dyn Write, err: &mut dyn Write) -> Result
         Command::Check(args) => check(args, out),
         Command::Test(args) => test::run(&args.paths, out),
         Command::Crd(args) => crd(args, out),
+        Command::Serve(args) => serve::run(*args),
     }
 }
 

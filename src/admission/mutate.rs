@@ -1,0 +1,206 @@
+//! `POST /mutate`: the pending slot of DESIGN.md §1. Every matching rule runs on the object
+//! and the answer is one JSON patch; a `failurePolicy: Fail` rule that cannot run rejects it.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+
+use crate::engine::{Denial, Gvk, Outcome, RuleId, Subject};
+use crate::metrics::RuleLabels;
+use crate::state::Shared;
+
+use super::review::{self, AdmissionRequest, AdmissionResponse};
+use super::{Reply, answer, observe};
+
+/// Parses the review, runs the engine and writes the answer. Pure CPU work: the caller decides
+/// whether it runs on the async runtime or on the blocking pool.
+pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
+    let mut request = match review::parse(body) {
+        Ok(request) => request,
+        Err(message) => {
+            tracing::warn!(webhook = "mutate", error = %message, "rejected a malformed admission request");
+            observe(shared, "unknown", "unknown", "error", arrival);
+            return Reply::BadRequest(message);
+        }
+    };
+    let kind = request.kind.kind.as_str();
+    let operation = match (request.operation(), request.subresource(), &request.object) {
+        (Some(operation), None, Some(_)) => operation,
+        (operation, subresource, _) => {
+            tracing::debug!(
+                uid = %request.uid,
+                kind,
+                operation = %request.operation,
+                resource = %request.resource.resource,
+                subresource = subresource.unwrap_or(""),
+                namespace = request.namespace().unwrap_or(""),
+                name = %request.display_name(),
+                "admitted without running rules: {}",
+                match (operation, subresource) {
+                    (None, _) => "not a CREATE or UPDATE",
+                    (_, Some(_)) => "a subresource request",
+                    _ => "the request has no object",
+                },
+            );
+            observe(shared, kind, &request.operation, "unchanged", arrival);
+            return answer(&AdmissionResponse::allow(&request.uid));
+        }
+    };
+    // Logs name the object even when the engine keeps it (on a denial) or the API server has
+    // not picked its name yet.
+    let name = request.display_name();
+    let object = request.object.take().unwrap_or_default();
+
+    let gvk = Gvk::new(
+        &request.kind.group,
+        &request.kind.version,
+        &request.kind.kind,
+    );
+    let namespaces = shared.namespaces.load();
+    let subject = Subject {
+        gvk: &gvk,
+        operation,
+        namespace: request.namespace(),
+        name: request.name(),
+        namespace_labels: request.namespace().and_then(|ns| namespaces.get(ns)),
+    };
+    let deadline = arrival.checked_add(shared.config.budget);
+    let result = shared.rules.load().evaluate(&subject, object, deadline);
+
+    let admitted = Admitted {
+        request: &request,
+        gvk: &gvk,
+        name: &name,
+        arrival,
+    };
+    match result {
+        Ok(outcome) => admitted.mutated(shared, &outcome),
+        Err(denial) => admitted.denied(shared, &denial),
+    }
+}
+
+/// An evaluated request, for the answer, the metrics and the log.
+struct Admitted<'a> {
+    request: &'a AdmissionRequest,
+    gvk: &'a Gvk,
+    name: &'a str,
+    arrival: Instant,
+}
+
+impl Admitted<'_> {
+    fn mutated(&self, shared: &Shared, outcome: &Outcome) -> Reply {
+        let request = self.request;
+        let metrics = &shared.metrics;
+        for rule in &outcome.applied {
+            metrics.rule_applied.get_or_create(&rule_labels(rule)).inc();
+        }
+        for rule in &outcome.skipped {
+            metrics.rule_errors.get_or_create(&rule_labels(rule)).inc();
+        }
+        if outcome.budget_exceeded {
+            metrics.budget_overruns.inc();
+        }
+        let mut response = AdmissionResponse::allow(&request.uid);
+        if !outcome.ops.is_empty() {
+            let mut patch = Vec::new();
+            if let Err(e) = outcome.write_patch(&mut patch) {
+                let message = format!("cannot write the JSON patch: {e}");
+                tracing::error!(uid = %request.uid, kind = %self.gvk, name = self.name, error = %message, "admission failed");
+                self.observe(shared, "error");
+                return Reply::Internal(message);
+            }
+            response.patch_type = Some("JSONPatch");
+            response.patch = Some(STANDARD.encode(&patch));
+        }
+        response.warnings = review::client_warnings(&outcome.warnings);
+
+        let elapsed = self.observe(
+            shared,
+            if response.patch.is_some() {
+                "mutated"
+            } else {
+                "unchanged"
+            },
+        );
+        if !outcome.skipped.is_empty() {
+            tracing::warn!(
+                uid = %request.uid,
+                kind = %self.gvk,
+                namespace = request.namespace().unwrap_or(""),
+                name = self.name,
+                skipped = %join(&outcome.skipped),
+                budget_exceeded = outcome.budget_exceeded,
+                warnings = ?outcome.warnings,
+                "rules skipped (failurePolicy Ignore)",
+            );
+        }
+        tracing::debug!(
+            uid = %request.uid,
+            kind = %self.gvk,
+            operation = %request.operation,
+            namespace = request.namespace().unwrap_or(""),
+            name = self.name,
+            dry_run = request.is_dry_run(),
+            applied = %join(&outcome.applied),
+            patch_ops = outcome.ops.len(),
+            duration_us = elapsed.as_micros() as u64,
+            "admitted",
+        );
+        answer(&response)
+    }
+
+    fn denied(&self, shared: &Shared, denial: &Denial) -> Reply {
+        let request = self.request;
+        let metrics = &shared.metrics;
+        metrics
+            .rule_errors
+            .get_or_create(&rule_labels(&denial.rule))
+            .inc();
+        if denial.budget_exceeded {
+            metrics.budget_overruns.inc();
+        }
+        let elapsed = self.observe(shared, "denied");
+        tracing::info!(
+            uid = %request.uid,
+            kind = %self.gvk,
+            operation = %request.operation,
+            namespace = request.namespace().unwrap_or(""),
+            name = self.name,
+            dry_run = request.is_dry_run(),
+            rule = %denial.rule,
+            budget_exceeded = denial.budget_exceeded,
+            duration_us = elapsed.as_micros() as u64,
+            reason = %denial.message,
+            "denied",
+        );
+        answer(&AdmissionResponse::forbid(
+            &request.uid,
+            denial.message.clone(),
+        ))
+    }
+
+    fn observe(&self, shared: &Shared, result: &'static str) -> Duration {
+        observe(
+            shared,
+            &self.gvk.kind,
+            &self.request.operation,
+            result,
+            self.arrival,
+        )
+    }
+}
+
+fn rule_labels(rule: &RuleId) -> RuleLabels {
+    RuleLabels {
+        rule: rule.to_string(),
+    }
+}
+
+fn join(rules: &[RuleId]) -> String {
+    rules
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}

@@ -1,0 +1,370 @@
+//! The AdmissionReview wire format (`admission.k8s.io/v1`): only the fields initium reads, and
+//! the response shapes the API server accepts.
+//!
+//! Our own small types rather than kube's `AdmissionReview<DynamicObject>`: the request is read
+//! straight into what the engine needs (the object stays a `serde_json::Value`), and every
+//! field we do not use (`oldObject`, `userInfo`, `options`) is skipped without allocating.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::api::Operation;
+
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub const KIND: &str = "AdmissionReview";
+
+/// Kubernetes drops a warning that contains a control character, and once the warnings of one
+/// response pass 4096 characters it cuts every warning to 256 characters and drops the rest
+/// (k8s.io/apiserver `filters/warning.go`). initium keeps each warning within 256 characters
+/// and all of them within 4096, so what the client sees is what initium wrote.
+pub const WARNING_MAX_CHARS: usize = 256;
+const WARNINGS_MAX_TOTAL_CHARS: usize = 4096;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    request: Option<AdmissionRequest>,
+}
+
+/// `request` of an AdmissionReview.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRequest {
+    pub uid: String,
+    /// The kind of `object` (after any conversion to the version the webhook asked for).
+    pub kind: GroupVersionKind,
+    #[serde(default)]
+    pub resource: GroupVersionResource,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: String,
+    /// `null` or absent for DELETE and CONNECT.
+    #[serde(default)]
+    pub object: Option<Value>,
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct GroupVersionKind {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub kind: String,
+}
+
+/// Only the resource name is used (for logs: `pods` with subresource `status`).
+#[derive(Debug, Default, Deserialize)]
+pub struct GroupVersionResource {
+    #[serde(default)]
+    pub resource: String,
+}
+
+impl AdmissionRequest {
+    /// CREATE or UPDATE; `None` for DELETE and CONNECT, which initium never changes.
+    pub fn operation(&self) -> Option<Operation> {
+        match self.operation.as_str() {
+            "CREATE" => Some(Operation::Create),
+            "UPDATE" => Some(Operation::Update),
+            _ => None,
+        }
+    }
+
+    /// `pods/status`, `deployments/scale`, ...: requests that change a part of an object the
+    /// rules do not see.
+    pub fn subresource(&self) -> Option<&str> {
+        self.sub_resource.as_deref().filter(|s| !s.is_empty())
+    }
+
+    /// The request's namespace; `None` for cluster-scoped objects.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref().filter(|s| !s.is_empty())
+    }
+
+    /// The request's name; `None` on a CREATE whose object only has `generateName`.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref().filter(|s| !s.is_empty())
+    }
+
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run.unwrap_or(false)
+    }
+
+    /// For logs: the name, or `generateName*` before the API server has picked one.
+    pub fn display_name(&self) -> String {
+        if let Some(name) = self.name() {
+            return name.to_string();
+        }
+        self.object
+            .as_ref()
+            .and_then(|o| o.pointer("/metadata/generateName"))
+            .and_then(Value::as_str)
+            .map(|g| format!("{g}*"))
+            .unwrap_or_default()
+    }
+}
+
+/// Reads an AdmissionReview; the error is one line that says what is wrong with the body.
+pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
+    let review: ReviewIn = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        // Bad bodies are rare: only then pay for a second pass that tracks the field path.
+        Err(_) => return Err(describe_parse_error(body)),
+    };
+    if review.api_version != API_VERSION || review.kind != KIND {
+        return Err(format!(
+            "expected an {KIND} of apiVersion {API_VERSION}, found kind {:?} of apiVersion {:?}",
+            review.kind, review.api_version
+        ));
+    }
+    review
+        .request
+        .ok_or_else(|| format!("the {KIND} has no request"))
+}
+
+/// `request.oldObject.spec` of an UPDATE, read on its own: only the validating webhook needs
+/// it, and the mutating webhook should not pay for parsing the old object of every update.
+pub fn old_spec(body: &[u8]) -> Option<Value> {
+    #[derive(Deserialize)]
+    struct Review {
+        request: Option<Request>,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Request {
+        #[serde(default)]
+        old_object: Option<Old>,
+    }
+    #[derive(Deserialize)]
+    struct Old {
+        #[serde(default)]
+        spec: Option<Value>,
+    }
+    serde_json::from_slice::<Review>(body)
+        .ok()?
+        .request?
+        .old_object?
+        .spec
+}
+
+fn describe_parse_error(body: &[u8]) -> String {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    match serde_path_to_error::deserialize::<_, ReviewIn>(&mut deserializer) {
+        Err(e) if e.path().to_string() != "." => {
+            format!("not an {KIND}: {}: {}", e.path(), e.inner())
+        }
+        Err(e) => format!("not an {KIND}: {}", e.inner()),
+        // Only reached if the two passes disagree, e.g. trailing data after the document.
+        Ok(_) => match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+            Err(e) => format!("malformed JSON: {e}"),
+            Ok(_) => format!("not an {KIND}"),
+        },
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewOut<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    response: &'a AdmissionResponse,
+}
+
+/// `response` of an AdmissionReview.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionResponse {
+    pub uid: String,
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<&'static str>,
+    /// Base64 of the RFC 6902 patch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// The `metav1.Status` of a rejection. The API server prefixes `message` with
+/// `admission webhook "<name>" denied the request: ` and kubectl prints it after
+/// `Error from server (<reason>): `.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub status: &'static str,
+    pub message: String,
+    pub reason: &'static str,
+    pub code: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<StatusDetails>,
+}
+
+/// For `reason: Invalid`, kubectl prints `The <kind> "<name>" is invalid:` and then one line
+/// per cause, `<field>: <message>`.
+#[derive(Debug, Serialize)]
+pub struct StatusDetails {
+    pub name: String,
+    pub group: String,
+    pub kind: String,
+    pub causes: Vec<StatusCause>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StatusCause {
+    pub reason: &'static str,
+    pub message: String,
+    pub field: String,
+}
+
+impl AdmissionResponse {
+    /// Allowed, unchanged.
+    pub fn allow(uid: &str) -> AdmissionResponse {
+        AdmissionResponse {
+            uid: uid.to_string(),
+            allowed: true,
+            patch_type: None,
+            patch: None,
+            status: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Rejected with `403 Forbidden`: a rule decided the object may not be admitted.
+    pub fn forbid(uid: &str, message: String) -> AdmissionResponse {
+        AdmissionResponse {
+            allowed: false,
+            status: Some(Status {
+                status: "Failure",
+                message,
+                reason: "Forbidden",
+                code: 403,
+                details: None,
+            }),
+            ..AdmissionResponse::allow(uid)
+        }
+    }
+
+    /// Rejected with `422 Invalid`: the object itself is wrong, field by field.
+    pub fn invalid(uid: &str, message: String, details: StatusDetails) -> AdmissionResponse {
+        AdmissionResponse {
+            allowed: false,
+            status: Some(Status {
+                status: "Failure",
+                message,
+                reason: "Invalid",
+                code: 422,
+                details: Some(details),
+            }),
+            ..AdmissionResponse::allow(uid)
+        }
+    }
+
+    /// The whole AdmissionReview, as JSON.
+    pub fn to_review_json(&self) -> serde_json::Result<Vec<u8>> {
+        serde_json::to_vec(&ReviewOut {
+            api_version: API_VERSION,
+            kind: KIND,
+            response: self,
+        })
+    }
+}
+
+/// Warnings as the client will see them: each one line of at most [`WARNING_MAX_CHARS`]
+/// characters, all of them within the API server's total; when they do not fit, the last one
+/// says how many were left out (the log has them all).
+pub fn client_warnings(messages: &[String]) -> Vec<String> {
+    let warnings: Vec<String> = messages.iter().map(|m| one_warning(m)).collect();
+    let total: usize = warnings.iter().map(|w| w.chars().count()).sum();
+    if total <= WARNINGS_MAX_TOTAL_CHARS {
+        return warnings;
+    }
+    // Room for the closing "N more ..." line.
+    let budget = WARNINGS_MAX_TOTAL_CHARS - 100;
+    let mut kept = Vec::new();
+    let mut used = 0;
+    for w in &warnings {
+        let n = w.chars().count();
+        if used + n > budget {
+            break;
+        }
+        used += n;
+        kept.push(w.clone());
+    }
+    let left_out = warnings.len() - kept.len();
+    kept.push(format!(
+        "{left_out} more warning(s) left out to stay within the API server's limits; initium's log lists them"
+    ));
+    kept
+}
+
+/// One line (control characters become spaces, runs of them one space), cut to
+/// [`WARNING_MAX_CHARS`] characters with a trailing `…`.
+fn one_warning(message: &str) -> String {
+    let mut line = String::with_capacity(message.len());
+    let mut gap = false;
+    for c in message.trim().chars() {
+        if c.is_control() || c.is_whitespace() {
+            gap = true;
+            continue;
+        }
+        if gap && !line.is_empty() {
+            line.push(' ');
+        }
+        gap = false;
+        line.push(c);
+    }
+    if line.chars().count() > WARNING_MAX_CHARS {
+        line = line.chars().take(WARNING_MAX_CHARS - 1).collect();
+        line.push('…');
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_are_single_lines_within_the_api_server_limits() {
+        assert_eq!(one_warning("a\n\tb  c\u{7f}d"), "a b c d");
+        let long = "x".repeat(300);
+        let cut = one_warning(&long);
+        assert_eq!(cut.chars().count(), WARNING_MAX_CHARS);
+        assert!(cut.ends_with('…'));
+
+        let many: Vec<String> = (0..40).map(|i| format!("{i:03} {long}")).collect();
+        let out = client_warnings(&many);
+        let total: usize = out.iter().map(|w| w.chars().count()).sum();
+        assert!(total <= WARNINGS_MAX_TOTAL_CHARS, "{total}");
+        assert!(out.iter().all(|w| w.chars().count() <= WARNING_MAX_CHARS));
+        let last = out.last().map(String::as_str).unwrap_or_default();
+        assert!(
+            last.starts_with(&format!("{} more warning(s)", 40 - (out.len() - 1))),
+            "{last}"
+        );
+        assert!(out[0].starts_with("000 "));
+    }
+
+    #[test]
+    fn parse_errors_name_the_field() {
+        let e = parse(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","kind":{"group":"","version":"v1","kind":"Pod"},"operation":7}}"#)
+            .unwrap_err();
+        assert!(e.contains("request.operation"), "{e}");
+        let e = parse(b"{").unwrap_err();
+        assert!(e.contains("EOF"), "{e}");
+        let e = parse(br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview"}"#)
+            .unwrap_err();
+        assert!(e.contains("v1beta1"), "{e}");
+    }
+}

@@ -1,0 +1,130 @@
+//! `POST /validate`: the validating webhook for MutationRule and ClusterMutationRule, so a bad
+//! rule is rejected at `kubectl apply` time with every problem and its field path (the CRD
+//! schema cannot say "this regex does not compile" or "this pointer is malformed").
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::api::{GROUP, Operation};
+use crate::engine::{RuleErrors, compile_document};
+use crate::state::Shared;
+
+use super::review::{self, AdmissionResponse, StatusCause, StatusDetails};
+use super::{Reply, answer, observe};
+
+/// Parses the review and compiles the rule in it. The answer does not depend on `dryRun`:
+/// `kubectl apply --dry-run=server` shows the same errors as a real apply.
+pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
+    let mut request = match review::parse(body) {
+        Ok(request) => request,
+        Err(message) => {
+            tracing::warn!(webhook = "validate", error = %message, "rejected a malformed admission request");
+            observe(shared, "unknown", "unknown", "error", arrival);
+            return Reply::BadRequest(message);
+        }
+    };
+    let kind = request.kind.kind.clone();
+    let is_rule = request.kind.group == GROUP
+        && matches!(kind.as_str(), "MutationRule" | "ClusterMutationRule");
+    let object = request.object.take();
+    let object = match (request.operation(), request.subresource(), object) {
+        (Some(_), None, Some(object)) if is_rule => object,
+        (_, subresource, _) => {
+            if !is_rule {
+                // A webhook configuration that sends other kinds here is a mistake; rejecting
+                // them would block the cluster, so they pass and the log says so.
+                tracing::warn!(
+                    uid = %request.uid,
+                    kind = %kind,
+                    group = %request.kind.group,
+                    "the validating webhook received an object that is not a rule; allowed",
+                );
+            } else {
+                tracing::debug!(
+                    uid = %request.uid,
+                    kind = %kind,
+                    operation = %request.operation,
+                    subresource = subresource.unwrap_or(""),
+                    "rule request allowed without compiling (DELETE, subresource or no object)",
+                );
+            }
+            observe(shared, &kind, &request.operation, "unchanged", arrival);
+            return answer(&AdmissionResponse::allow(&request.uid));
+        }
+    };
+
+    // Ratcheting, as Kubernetes does for its own fields: a rule that was stored before it could
+    // be checked (webhook not yet installed, older initium) must still take label, finalizer
+    // and other metadata changes, and must be deletable.
+    if request.operation() == Some(Operation::Update) {
+        let unchanged = if object.pointer("/metadata/deletionTimestamp").is_some() {
+            Some("the rule is being deleted")
+        } else if review::old_spec(body).as_ref() == object.get("spec") {
+            Some("spec unchanged")
+        } else {
+            None
+        };
+        if let Some(why) = unchanged {
+            tracing::debug!(uid = %request.uid, kind = %kind, "rule update allowed without compiling: {why}");
+            observe(shared, &kind, &request.operation, "unchanged", arrival);
+            return answer(&AdmissionResponse::allow(&request.uid));
+        }
+    }
+
+    // A MutationRule written without a namespace is created in the request's namespace.
+    let namespace = request.namespace().unwrap_or("default");
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .or(request.name())
+        .unwrap_or("")
+        .to_string();
+    match compile_document(&object, namespace) {
+        Ok(rule) => {
+            observe(shared, &kind, &request.operation, "unchanged", arrival);
+            tracing::debug!(uid = %request.uid, rule = %rule.id.describe(), dry_run = request.is_dry_run(), "rule is valid");
+            answer(&AdmissionResponse::allow(&request.uid))
+        }
+        Err(errors) => {
+            observe(shared, &kind, &request.operation, "denied", arrival);
+            tracing::info!(
+                uid = %request.uid,
+                kind = %kind,
+                namespace = request.namespace().unwrap_or(""),
+                name = %name,
+                dry_run = request.is_dry_run(),
+                errors = errors.errors.len(),
+                reason = %errors,
+                "rejected an invalid rule",
+            );
+            answer(&invalid(&request.uid, &kind, name, &errors))
+        }
+    }
+}
+
+/// `422 Invalid` with one cause per field: kubectl prints
+/// `The MutationRule "x" is invalid:` and a `* <field>: <message>` line for each; other clients
+/// show `message`, which lists the same errors, each line naming the rule and the field.
+fn invalid(uid: &str, kind: &str, name: String, errors: &RuleErrors) -> AdmissionResponse {
+    let causes = errors
+        .errors
+        .iter()
+        .map(|e| StatusCause {
+            reason: "FieldValueInvalid",
+            message: e.message.clone(),
+            field: e.field.clone(),
+        })
+        .collect();
+    AdmissionResponse::invalid(
+        uid,
+        errors.to_string(),
+        StatusDetails {
+            name,
+            group: GROUP.to_string(),
+            kind: kind.to_string(),
+            causes,
+        },
+    )
+}

@@ -1,0 +1,189 @@
+//! Leader election with a Lease in initium's namespace: one replica at a time writes rule
+//! status, the webhook configurations and certificate renewals; every replica keeps watching
+//! and serving whether it leads or not.
+//!
+//! The writers are idempotent (they compare before writing and write the same desired state
+//! from the same inputs), so the short overlap possible when a leader stalls past its Lease
+//! is harmless; the Lease is there to avoid duplicate writes and flapping, not for safety.
+
+use std::hash::{BuildHasher, RandomState};
+use std::time::{Duration, SystemTime};
+
+use kube::Client;
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio::sync::watch;
+
+use super::{ControllerError, Stop};
+
+/// The Lease that elects the writer.
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    /// Name of the Lease, in initium's namespace (`--lease-name`; default `initium`).
+    pub name: String,
+    /// This replica's identity in the Lease (`--identity`). Default: `POD_NAME` if set (a
+    /// restarted container then gets its Lease back at once), otherwise the host name plus a
+    /// random suffix (several processes on one host stay distinct).
+    pub identity: Option<String>,
+    /// How long the holder stays leader without renewing (whole seconds, at least 2; default
+    /// 15 s). When the leader stops cleanly it releases the Lease; when it dies, another
+    /// replica takes over within about this long.
+    pub duration: Duration,
+    /// How long before the Lease expires the holder renews it (whole seconds, at least 1,
+    /// less than `duration`; default 5 s).
+    pub grace: Duration,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        LeaseSettings {
+            name: "initium".into(),
+            identity: None,
+            duration: Duration::from_secs(15),
+            grace: Duration::from_secs(5),
+        }
+    }
+}
+
+impl LeaseSettings {
+    pub(crate) fn validate(&self) -> Result<(), ControllerError> {
+        if self.name.is_empty() {
+            return Err(ControllerError::Config(
+                "the Lease name must not be empty".into(),
+            ));
+        }
+        let (duration, grace) = (self.duration.as_secs(), self.grace.as_secs());
+        if grace < 1 || duration <= grace {
+            return Err(ControllerError::Config(format!(
+                "the Lease grace period ({grace}s) must be at least 1s and shorter than its duration ({duration}s)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The identity this replica uses in the Lease.
+    pub fn identity(&self) -> String {
+        if let Some(identity) = self.identity.as_ref().filter(|i| !i.is_empty()) {
+            return identity.clone();
+        }
+        if let Ok(pod) = std::env::var("POD_NAME")
+            && !pod.is_empty()
+        {
+            return pod;
+        }
+        format!("{}-{}", host_name(), random_suffix())
+    }
+}
+
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "initium".into())
+}
+
+fn random_suffix() -> String {
+    // RandomState is seeded randomly per process: enough to tell two processes apart.
+    let seed = RandomState::new().hash_one((SystemTime::now(), std::process::id()));
+    format!("{:08x}", seed as u32)
+}
+
+/// Takes part in the election until `stop`, publishing whether this replica leads on
+/// `leading`. Errors talking to the API server count as not leading (a writer that cannot
+/// renew must assume it lost the Lease) and the election starts over after a backoff. On
+/// shutdown the Lease is released.
+pub(crate) async fn run(
+    client: Client,
+    settings: LeaseSettings,
+    namespace: String,
+    leading: watch::Sender<bool>,
+    mut stop: Stop,
+) -> Result<(), ControllerError> {
+    settings.validate()?;
+    let identity = settings.identity();
+    let lease = format!("{namespace}/{}", settings.name);
+    tracing::info!(%lease, %identity, "joining the leader election");
+    let mut failures = 0u32;
+    loop {
+        let built = LeaseManagerBuilder::new(client.clone(), settings.name.clone())
+            .with_namespace(namespace.clone())
+            .with_identity(identity.clone())
+            .with_duration(settings.duration.as_secs())
+            .with_grace(settings.grace.as_secs())
+            .with_field_manager(format!("initium-lease-{identity}"))
+            .build()
+            .await;
+        match built {
+            Ok(manager) => loop {
+                tokio::select! {
+                    () = stop.wait() => {
+                        let was_leading = leading.send_replace(false);
+                        if let Err(e) = manager.release().await {
+                            tracing::warn!(%lease, error = %e, "releasing the Lease failed; it expires by itself");
+                        } else if was_leading {
+                            tracing::info!(%lease, %identity, "released the Lease");
+                        }
+                        return Ok(());
+                    }
+                    changed = manager.changed() => match changed {
+                        Ok(now_leading) => {
+                            failures = 0;
+                            if leading.send_replace(now_leading) != now_leading {
+                                if now_leading {
+                                    tracing::info!(%lease, %identity, "leading: this replica writes");
+                                } else {
+                                    tracing::info!(%lease, %identity, "no longer leading");
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            leading.send_replace(false);
+                            tracing::warn!(%lease, error = %e, "leader election failed; not leading until it works again");
+                            break;
+                        }
+                    }
+                }
+            },
+            Err(e) => {
+                leading.send_replace(false);
+                tracing::warn!(%lease, error = %e, "cannot set up the leader election");
+            }
+        }
+        failures = failures.saturating_add(1);
+        if stop
+            .sleep(Duration::from_millis(500u64 << failures.min(6)))
+            .await
+        {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_that_would_panic_are_refused() {
+        let with = |duration, grace| LeaseSettings {
+            duration: Duration::from_secs(duration),
+            grace: Duration::from_secs(grace),
+            ..LeaseSettings::default()
+        };
+        assert!(with(15, 5).validate().is_ok());
+        assert!(with(2, 1).validate().is_ok());
+        assert!(with(5, 5).validate().is_err());
+        assert!(with(5, 0).validate().is_err());
+        assert!(with(0, 0).validate().is_err());
+    }
+
+    #[test]
+    fn an_explicit_identity_wins() {
+        let settings = LeaseSettings {
+            identity: Some("replica-a".into()),
+            ..LeaseSettings::default()
+        };
+        assert_eq!(settings.identity(), "replica-a");
+    }
+}

@@ -1,0 +1,432 @@
+//! Everything in `initium serve` that talks to the API server.
+//!
+//! Every replica watches the rules (compiling them into the index the webhook reads), the
+//! Namespaces (for `namespaceSelector`) and discovery (which kinds exist), and keeps its TLS
+//! certificate current. One replica at a time, the holder of a Lease, also writes: rule
+//! status, the webhook configurations and renewals of the self-managed certificate.
+//!
+//! - [`rules`]: watch both rule kinds, compile, swap the index, decide which rules are Ready.
+//! - [`namespaces`]: watch Namespace labels.
+//! - [`discovery`]: which kinds the API server serves, and which initium never intercepts.
+//! - [`status`]: the `Ready` condition of every rule.
+//! - [`webhooks`]: the MutatingWebhookConfiguration and ValidatingWebhookConfiguration.
+//! - [`certs`]: the serving certificate, self-managed in a Secret or read from files.
+//! - [`leader`]: the Lease that elects the writer.
+//!
+//! Wiring (what `initium serve` does):
+//!
+//! ```no_run
+//! # async fn serve(client: kube::Client) -> Result<(), initium::controller::ControllerError> {
+//! use initium::controller::{self, ControllerConfig, WebhookEndpoint};
+//! use initium::state::{AdmissionConfig, Shared};
+//!
+//! let shared = Shared::new(AdmissionConfig::default());
+//! let config = ControllerConfig::new(
+//!     "initium-system",
+//!     WebhookEndpoint::Service { name: "initium".into(), namespace: "initium-system".into(), port: 443 },
+//! );
+//! let tls = controller::tls(&client, &config).await?;
+//! let server_tls = tls.rustls_config(); // give this to the HTTPS server
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let controller = tokio::spawn(controller::run(client, shared, config, tls, async move {
+//!     let _ = stopped.await;
+//! }));
+//! // ... serve until SIGTERM, then:
+//! let _ = stop.send(());
+//! # let _ = controller.await;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod certs;
+pub mod discovery;
+pub mod leader;
+pub mod namespaces;
+pub mod rules;
+pub mod status;
+pub mod webhooks;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::api::FailurePolicy;
+use crate::state::Shared;
+
+pub use certs::{CaBundleSource, Tls, TlsSource, tls};
+pub use leader::LeaseSettings;
+pub use webhooks::{WebhookEndpoint, webhook_timeout_seconds};
+
+/// The field manager of everything initium writes (server-side apply and status patches).
+pub const FIELD_MANAGER: &str = "initium";
+
+/// Settings of the controller part of `initium serve`. [`ControllerConfig::new`] gives the
+/// defaults; every field can be changed afterwards.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// The namespace initium runs in (`--namespace`, usually from `POD_NAMESPACE`). It holds
+    /// the Lease and the TLS Secret, and initium never intercepts objects in it, so its own
+    /// Pods can always start.
+    pub namespace: String,
+    /// Where the API server sends admission requests: the Service in front of the replicas
+    /// (in-cluster) or a URL (out-of-cluster, e.g. `https://127.0.0.1:8443`). The paths
+    /// `/mutate` and `/validate` are appended. Also decides the names in the self-managed
+    /// certificate.
+    pub endpoint: WebhookEndpoint,
+    /// Namespaces whose objects are never intercepted, besides [`namespace`](Self::namespace)
+    /// (`--exclude-namespace`; default `kube-system`).
+    pub excluded_namespaces: Vec<String>,
+    /// Name of the MutatingWebhookConfiguration and of the ValidatingWebhookConfiguration
+    /// initium owns (`--webhook-name`; default `initium`).
+    pub webhook_configuration: String,
+    /// What the API server does with a rule (CREATE/UPDATE of a MutationRule or
+    /// ClusterMutationRule) when initium cannot validate it. Default `Fail`: a bad rule is
+    /// rejected at `kubectl apply` time as promised, at the price that nobody can create or
+    /// change rules while initium is down (deleting rules always works). The CRD schema and
+    /// its CEL rules still catch most mistakes, and a rule that slips through is only marked
+    /// `Ready=False` and never run, so `Ignore` is safe too, just less helpful.
+    pub rule_validation_policy: FailurePolicy,
+    /// Where the serving certificate comes from.
+    pub tls: TlsSource,
+    /// The Lease that elects the replica that writes.
+    pub lease: LeaseSettings,
+    /// How often discovery is read again even when no CustomResourceDefinition changed
+    /// (aggregated APIs come and go without one). Default 60 s.
+    pub discovery_interval: Duration,
+    /// How often the leader compares the webhook configurations with the API server even
+    /// when nothing changed, to repair manual edits or deletions. Default 60 s.
+    pub resync_interval: Duration,
+}
+
+impl ControllerConfig {
+    /// The defaults: exclude `kube-system`, configurations and Lease named `initium`, rule
+    /// validation `Fail`, a self-managed certificate in the Secret `initium-tls`.
+    pub fn new(namespace: impl Into<String>, endpoint: WebhookEndpoint) -> ControllerConfig {
+        ControllerConfig {
+            namespace: namespace.into(),
+            endpoint,
+            excluded_namespaces: vec!["kube-system".into()],
+            webhook_configuration: "initium".into(),
+            rule_validation_policy: FailurePolicy::Fail,
+            tls: TlsSource::SelfManaged {
+                secret: "initium-tls".into(),
+                refresh_interval: Duration::from_secs(60),
+            },
+            lease: LeaseSettings::default(),
+            discovery_interval: Duration::from_secs(60),
+            resync_interval: Duration::from_secs(60),
+        }
+    }
+
+    /// Checks what the API server would otherwise reject later, or what would panic.
+    pub fn validate(&self) -> Result<(), ControllerError> {
+        let config = |message: String| Err(ControllerError::Config(message));
+        if self.namespace.is_empty() {
+            return config("the namespace initium runs in must be set (--namespace)".into());
+        }
+        if self.webhook_configuration.is_empty() {
+            return config("the webhook configuration name must not be empty".into());
+        }
+        self.endpoint.validate()?;
+        self.lease.validate()?;
+        for (name, value) in [
+            ("discovery interval", self.discovery_interval),
+            ("resync interval", self.resync_interval),
+        ] {
+            if value.is_zero() {
+                return config(format!("the {name} must be more than zero"));
+            }
+        }
+        if let TlsSource::SelfManaged {
+            refresh_interval, ..
+        }
+        | TlsSource::Files {
+            refresh_interval, ..
+        } = &self.tls
+            && refresh_interval.is_zero()
+        {
+            return config("the TLS refresh interval must be more than zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// What can stop the controller, or fail one of its calls, with the object and call involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// The configuration cannot work; the message says which setting.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A call to the API server failed.
+    #[error("{action} {object}: {source}")]
+    Api {
+        /// What initium tried, e.g. `apply MutatingWebhookConfiguration`.
+        action: &'static str,
+        /// Which object, e.g. `initium` or `initium-system/initium-tls`.
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A certificate or key file could not be read.
+    #[error("read {}: {source}", path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A certificate could not be made or used.
+    #[error("TLS certificate ({origin}): {message}")]
+    Certificate {
+        /// Where the certificate comes from: a Secret or a file.
+        origin: String,
+        message: String,
+    },
+    /// A task of the controller ended unexpectedly.
+    #[error("controller task {task} stopped: {message}")]
+    Task { task: &'static str, message: String },
+}
+
+impl ControllerError {
+    fn api(action: &'static str, object: impl Into<String>, source: kube::Error) -> Self {
+        ControllerError::Api {
+            action,
+            object: object.into(),
+            source,
+        }
+    }
+}
+
+/// Runs the controller until `shutdown` completes: the watches that feed `shared` (rule
+/// index, Namespace labels, readiness), the leader election, and, while this replica holds
+/// the Lease, the writers (rule status, webhook configurations, certificate renewal). `tls`
+/// comes from [`tls`]; the controller keeps it current (reloading the certificate the HTTPS
+/// server uses and publishing the caBundle).
+///
+/// Watches and writes that fail are retried with backoff and logged; only an invalid
+/// configuration returns an error. On shutdown the Lease is released so another replica
+/// takes over without waiting for it to expire; the webhook configurations are left in place
+/// for the other replicas.
+pub async fn run(
+    client: kube::Client,
+    shared: Arc<Shared>,
+    config: ControllerConfig,
+    tls: Tls,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ControllerError> {
+    config.validate()?;
+    let config = Arc::new(config);
+    let (stop_tx, stop) = Stop::channel();
+    let (leader_tx, leader) = watch::channel(false);
+    let leader = Leader(leader);
+    let readiness = Arc::new(Readiness::new(shared.clone()));
+    let (served_tx, served_rx) = watch::channel(None);
+    let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(rules::Snapshot::default()));
+    let (needs_tx, needs_rx) = watch::channel(Arc::new(webhooks::Inputs::default()));
+    let ca_bundle = tls.ca_bundle_receiver();
+
+    let mut tasks: JoinSet<(&'static str, Result<(), ControllerError>)> = JoinSet::new();
+    tasks.spawn(named(
+        "leader",
+        leader::run(
+            client.clone(),
+            config.lease.clone(),
+            config.namespace.clone(),
+            leader_tx,
+            stop.clone(),
+        ),
+    ));
+    tasks.spawn(named(
+        "namespaces",
+        namespaces::run(
+            client.clone(),
+            shared.clone(),
+            readiness.clone(),
+            stop.clone(),
+        ),
+    ));
+    tasks.spawn(named(
+        "discovery",
+        discovery::run(
+            client.clone(),
+            config.discovery_interval,
+            served_tx,
+            stop.clone(),
+        ),
+    ));
+    tasks.spawn(named(
+        "rules",
+        rules::run(
+            client.clone(),
+            shared.clone(),
+            readiness.clone(),
+            served_rx,
+            snapshot_tx,
+            needs_tx,
+            stop.clone(),
+        ),
+    ));
+    tasks.spawn(named(
+        "status",
+        status::run(client.clone(), snapshot_rx, leader.clone(), stop.clone()),
+    ));
+    tasks.spawn(named(
+        "webhooks",
+        webhooks::run(
+            client.clone(),
+            config.clone(),
+            shared.config.budget,
+            needs_rx,
+            ca_bundle,
+            leader.clone(),
+            stop.clone(),
+        ),
+    ));
+    tasks.spawn(named(
+        "leader metric",
+        leader_metric(shared.clone(), leader.clone(), stop.clone()),
+    ));
+    tasks.spawn(named(
+        "certificates",
+        certs::keep(tls, leader, stop.clone()),
+    ));
+
+    let mut result = Ok(());
+    tokio::select! {
+        () = shutdown => tracing::info!("controller shutting down"),
+        Some(ended) = tasks.join_next() => {
+            // Tasks return only once told to stop: one that ends before failed for good.
+            result = Err(match ended {
+                Ok((_, Err(e))) => e,
+                Ok((task, Ok(()))) => ControllerError::Task {
+                    task,
+                    message: "ended before shutdown".into(),
+                },
+                Err(e) => ControllerError::Task {
+                    task: "unknown",
+                    message: e.to_string(),
+                },
+            });
+        }
+    }
+    let _ = stop_tx.send(true);
+    while let Some(ended) = tasks.join_next().await {
+        match ended {
+            Ok((_, Ok(()))) => {}
+            Ok((task, Err(e))) => {
+                tracing::warn!(task, error = %e, "controller task failed while stopping")
+            }
+            Err(e) => tracing::warn!(error = %e, "controller task failed while stopping"),
+        }
+    }
+    result
+}
+
+async fn named(
+    task: &'static str,
+    future: impl Future<Output = Result<(), ControllerError>>,
+) -> (&'static str, Result<(), ControllerError>) {
+    (task, future.await)
+}
+
+/// Tells the tasks to stop: set once, on shutdown.
+#[derive(Clone, Debug)]
+pub(crate) struct Stop(watch::Receiver<bool>);
+
+impl Stop {
+    pub(crate) fn channel() -> (watch::Sender<bool>, Stop) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Stop(rx))
+    }
+
+    /// Completes once shutdown has begun (or the controller is gone).
+    pub(crate) async fn wait(&mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Sleeps for `duration`; returns `true` if shutdown began meanwhile.
+    pub(crate) async fn sleep(&mut self, duration: Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(duration) => self.is_set(),
+            () = self.wait() => true,
+        }
+    }
+}
+
+/// Whether this replica holds the Lease now.
+#[derive(Clone, Debug)]
+pub(crate) struct Leader(watch::Receiver<bool>);
+
+impl Leader {
+    pub(crate) fn is_leader(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Completes when leadership changes (never, once the election has stopped).
+    pub(crate) async fn changed(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Keeps `initium_leader` at 1 while this replica holds the Lease.
+async fn leader_metric(
+    shared: Arc<Shared>,
+    mut leader: Leader,
+    mut stop: Stop,
+) -> Result<(), ControllerError> {
+    loop {
+        shared.metrics.leader.set(i64::from(leader.is_leader()));
+        tokio::select! {
+            () = leader.changed() => {}
+            () = stop.wait() => {
+                shared.metrics.leader.set(0);
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// `/readyz` turns ready once every watch has listed everything once.
+pub(crate) struct Readiness {
+    shared: Arc<Shared>,
+    pending: Mutex<Vec<&'static str>>,
+}
+
+impl Readiness {
+    pub(crate) const NAMESPACES: &'static str = "Namespaces";
+    pub(crate) const CLUSTER_RULES: &'static str = "ClusterMutationRules";
+    pub(crate) const RULES: &'static str = "MutationRules";
+    pub(crate) const DISCOVERY: &'static str = "discovery";
+
+    fn new(shared: Arc<Shared>) -> Readiness {
+        Readiness {
+            shared,
+            pending: Mutex::new(vec![
+                Self::NAMESPACES,
+                Self::CLUSTER_RULES,
+                Self::RULES,
+                Self::DISCOVERY,
+            ]),
+        }
+    }
+
+    /// `part` has been listed completely; once all have, the replica is ready.
+    pub(crate) fn done(&self, part: &'static str) {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = pending.len();
+        pending.retain(|p| *p != part);
+        if before > 0 && pending.is_empty() {
+            self.shared.mark_synced();
+            tracing::info!("rules, Namespaces and discovery are synced: ready");
+        }
+    }
+}

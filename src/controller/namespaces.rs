@@ -1,0 +1,163 @@
+//! Namespace labels, for rules with a `namespaceSelector`: a metadata-only watch of every
+//! Namespace, swapped into `shared.namespaces` whole whenever a Namespace's labels change.
+
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+
+use super::{ControllerError, Readiness, Stop};
+use crate::state::{NamespaceLabels, Shared};
+
+/// Applies watch events to a copy of the labels; says whether anything changed.
+#[derive(Default)]
+struct Labels {
+    current: NamespaceLabels,
+    /// Namespaces listed so far by a (re)list in progress.
+    relisting: Option<NamespaceLabels>,
+}
+
+impl Labels {
+    fn apply(&mut self, event: watcher::Event<PartialObjectMeta<Namespace>>) -> bool {
+        let entry = |ns: PartialObjectMeta<Namespace>| {
+            (
+                ns.metadata.name.unwrap_or_default(),
+                ns.metadata.labels.unwrap_or_default(),
+            )
+        };
+        match event {
+            watcher::Event::Init => {
+                self.relisting = Some(NamespaceLabels::new());
+                false
+            }
+            watcher::Event::InitApply(ns) => {
+                let (name, labels) = entry(ns);
+                self.relisting.get_or_insert_default().insert(name, labels);
+                false
+            }
+            watcher::Event::InitDone => {
+                let listed = self.relisting.take().unwrap_or_default();
+                let changed = listed != self.current;
+                self.current = listed;
+                changed
+            }
+            watcher::Event::Apply(ns) => {
+                let (name, labels) = entry(ns);
+                // Most Namespace updates (status, annotations, finalizers) leave labels alone.
+                if self.current.get(&name) == Some(&labels) {
+                    return false;
+                }
+                self.current.insert(name, labels);
+                true
+            }
+            watcher::Event::Delete(ns) => {
+                let (name, _) = entry(ns);
+                self.current.remove(&name).is_some()
+            }
+        }
+    }
+}
+
+/// Watches Namespaces until `stop`, keeping `shared.namespaces` current.
+pub(crate) async fn run(
+    client: Client,
+    shared: Arc<Shared>,
+    readiness: Arc<Readiness>,
+    mut stop: Stop,
+) -> Result<(), ControllerError> {
+    let api = Api::<PartialObjectMeta<Namespace>>::all(client);
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut labels = Labels::default();
+    loop {
+        let event = tokio::select! {
+            () = stop.wait() => return Ok(()),
+            event = events.next() => event,
+        };
+        let mut batch = vec![event];
+        // Coalesce what is already waiting (a relist of many Namespaces swaps once).
+        while let Some(more) = events.next().now_or_never() {
+            batch.push(more);
+        }
+        let mut changed = false;
+        let mut listed = false;
+        for event in batch {
+            match event {
+                Some(Ok(event)) => {
+                    listed |= matches!(event, watcher::Event::InitDone);
+                    changed |= labels.apply(event);
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "watching Namespaces failed; retrying with backoff")
+                }
+                None => {
+                    return Err(ControllerError::Task {
+                        task: "namespaces",
+                        message: "the Namespace watch ended".into(),
+                    });
+                }
+            }
+        }
+        if changed {
+            shared.namespaces.store(Arc::new(labels.current.clone()));
+        }
+        if listed {
+            readiness.done(Readiness::NAMESPACES);
+        }
+    }
+}
+
+/// Labels of a namespace as [`NamespaceLabels`] stores them.
+#[cfg(test)]
+fn labels_of(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+
+    fn ns(name: &str, labels: &[(&str, &str)]) -> PartialObjectMeta<Namespace> {
+        PartialObjectMeta {
+            types: None,
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(labels_of(labels)),
+                ..ObjectMeta::default()
+            },
+            _phantom: Default::default(),
+        }
+    }
+
+    #[test]
+    fn labels_follow_the_watch() {
+        let mut labels = Labels::default();
+        assert!(!labels.apply(watcher::Event::Init));
+        assert!(!labels.apply(watcher::Event::InitApply(ns("a", &[("team", "x")]))));
+        assert!(labels.apply(watcher::Event::InitDone));
+        assert_eq!(labels.current["a"], labels_of(&[("team", "x")]));
+
+        assert!(
+            !labels.apply(watcher::Event::Apply(ns("a", &[("team", "x")]))),
+            "same labels: no swap"
+        );
+        assert!(labels.apply(watcher::Event::Apply(ns("a", &[("team", "y")]))));
+        assert!(labels.apply(watcher::Event::Apply(ns("b", &[]))));
+        assert!(labels.apply(watcher::Event::Delete(ns("a", &[]))));
+        assert_eq!(labels.current.keys().collect::<Vec<_>>(), ["b"]);
+
+        // A relist drops what is gone.
+        labels.apply(watcher::Event::Init);
+        labels.apply(watcher::Event::InitApply(ns("c", &[])));
+        assert!(labels.apply(watcher::Event::InitDone));
+        assert_eq!(labels.current.keys().collect::<Vec<_>>(), ["c"]);
+    }
+}

@@ -1,0 +1,624 @@
+//! The rule watch: both rule kinds, cluster-wide, compiled into the index the webhook reads.
+//!
+//! Every replica runs it. A rule is compiled when its spec changes; the index is rebuilt from
+//! every Ready rule and swapped whole, so a request never sees half an update. A rule is
+//! Ready when it compiles and every pattern in `match.kinds` matches a kind the API server
+//! serves and initium may intercept; a rule that is not Ready is left out of the index (and
+//! of the webhook configuration), so what `kubectl get` shows in READY is what runs. One bad
+//! rule never stops the others.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::{FutureExt, Stream, StreamExt};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+
+use super::discovery::Served;
+use super::webhooks::{Inputs, RuleNeeds};
+use super::{ControllerError, Readiness, Stop};
+use crate::api::{ClusterMutationRule, MutationRule, RuleSpec, RuleStatus};
+use crate::engine::{CompiledRule, RuleErrors, RuleId, RuleIndex, compile};
+use crate::state::Shared;
+
+/// Why a rule is (not) Ready; becomes its `Ready` condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Compiled, every kind is served: in the index and the webhook configuration.
+    Ready,
+    /// Does not compile; every error with its field path, one per line.
+    Invalid(String),
+    /// A pattern in `match.kinds` matches no kind the API server serves.
+    KindNotServed(String),
+    /// A pattern in `match.kinds` matches only kinds initium never intercepts (or, for a
+    /// MutationRule, only cluster-scoped kinds).
+    KindNotAllowed(String),
+}
+
+impl Verdict {
+    pub fn is_ready(&self) -> bool {
+        matches!(self, Verdict::Ready)
+    }
+}
+
+/// Decides whether a rule is Ready, given what the API server serves.
+pub fn verdict(
+    id: &RuleId,
+    spec: &RuleSpec,
+    compiled: &Result<CompiledRule, RuleErrors>,
+    served: &Served,
+) -> Verdict {
+    let rule = match compiled {
+        Ok(rule) => rule,
+        Err(errors) => {
+            let lines: Vec<String> = errors.errors.iter().map(ToString::to_string).collect();
+            return Verdict::Invalid(lines.join("\n"));
+        }
+    };
+    let namespaced_only = id.namespace.is_some();
+    let mut not_served = Vec::new();
+    let mut not_allowed = Vec::new();
+    for (i, pattern) in rule.kinds().iter().enumerate() {
+        let text = spec
+            .match_
+            .kinds
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| pattern.to_string());
+        let field = format!("spec.match.kinds[{i}]");
+        let matching: Vec<_> = served.matching(pattern).collect();
+        if matching.is_empty() {
+            let mut message = format!("{field}: {text} is not served by the API server");
+            if let Some(kind) = pattern.kind.exact() {
+                let versions = served.versions_of(pattern.group.exact(), kind);
+                if !versions.is_empty() {
+                    let list: Vec<String> =
+                        versions.iter().map(|v| format!("{v}/{kind}")).collect();
+                    message.push_str(&format!(" (served: {})", list.join(", ")));
+                }
+            }
+            not_served.push(message);
+            continue;
+        }
+        if matching
+            .iter()
+            .any(|r| r.never_intercepted().is_none() && (r.namespaced || !namespaced_only))
+        {
+            continue;
+        }
+        let message = match matching.iter().find_map(|r| {
+            r.never_intercepted()
+                .map(|why| format!("initium never intercepts {}: {why}", r.resource_name()))
+        }) {
+            Some(why) => format!("{field}: {why}"),
+            None => format!(
+                "{field}: {text} is cluster-scoped; a MutationRule applies only to namespaced \
+                 objects of its namespace (use a ClusterMutationRule)"
+            ),
+        };
+        not_allowed.push(message);
+    }
+    if !not_served.is_empty() {
+        not_served.extend(not_allowed);
+        Verdict::KindNotServed(not_served.join("\n"))
+    } else if !not_allowed.is_empty() {
+        Verdict::KindNotAllowed(not_allowed.join("\n"))
+    } else {
+        Verdict::Ready
+    }
+}
+
+/// One rule as the status writer sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleView {
+    pub id: RuleId,
+    pub generation: Option<i64>,
+    pub resource_version: Option<String>,
+    /// The status as last seen on the API server.
+    pub status: Option<RuleStatus>,
+    pub verdict: Verdict,
+}
+
+/// Every rule, sorted by id; published after each batch of changes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub rules: Vec<RuleView>,
+}
+
+/// A rule object of either kind, reduced to what the controller uses.
+struct Observed {
+    id: RuleId,
+    spec: RuleSpec,
+    generation: Option<i64>,
+    resource_version: Option<String>,
+    status: Option<RuleStatus>,
+}
+
+impl From<ClusterMutationRule> for Observed {
+    fn from(rule: ClusterMutationRule) -> Observed {
+        Observed {
+            id: RuleId::cluster(&rule.name_any()),
+            generation: rule.metadata.generation,
+            resource_version: rule.metadata.resource_version,
+            spec: rule.spec,
+            status: rule.status,
+        }
+    }
+}
+
+impl From<MutationRule> for Observed {
+    fn from(rule: MutationRule) -> Observed {
+        Observed {
+            id: RuleId::namespaced(
+                rule.metadata.namespace.as_deref().unwrap_or_default(),
+                rule.metadata.name.as_deref().unwrap_or_default(),
+            ),
+            generation: rule.metadata.generation,
+            resource_version: rule.metadata.resource_version,
+            spec: rule.spec,
+            status: rule.status,
+        }
+    }
+}
+
+struct Entry {
+    observed: Observed,
+    compiled: Result<CompiledRule, RuleErrors>,
+    verdict: Option<Verdict>,
+}
+
+/// Which of the two watches an event came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    Cluster,
+    Namespaced,
+}
+
+impl Scope {
+    fn of(id: &RuleId) -> Scope {
+        if id.namespace.is_some() {
+            Scope::Namespaced
+        } else {
+            Scope::Cluster
+        }
+    }
+}
+
+enum Input {
+    Rule(Scope, Box<Result<watcher::Event<Observed>, watcher::Error>>),
+    Served(Option<Arc<Served>>),
+}
+
+/// All rules, their compilation and readiness, and what has changed since the last publish.
+#[derive(Default)]
+struct RuleTable {
+    entries: BTreeMap<RuleId, Entry>,
+    served: Option<Arc<Served>>,
+    /// Objects listed so far by a watch that is (re)listing.
+    relisting: BTreeMap<Scope, Vec<Observed>>,
+    listed_cluster: bool,
+    listed_namespaced: bool,
+    /// The set of compiled rules or discovery changed: verdicts and the index are stale.
+    index_stale: bool,
+    /// Anything changed (status included): the snapshot is stale.
+    snapshot_stale: bool,
+}
+
+impl RuleTable {
+    fn apply(&mut self, input: Input) {
+        match input {
+            Input::Served(served) => {
+                if served.is_some() && served != self.served {
+                    self.served = served;
+                    self.index_stale = true;
+                    self.snapshot_stale = true;
+                }
+            }
+            Input::Rule(scope, event) => self.apply_rule(scope, *event),
+        }
+    }
+
+    fn apply_rule(
+        &mut self,
+        scope: Scope,
+        event: Result<watcher::Event<Observed>, watcher::Error>,
+    ) {
+        match event {
+            Err(e) => {
+                let kind = match scope {
+                    Scope::Cluster => "ClusterMutationRules",
+                    Scope::Namespaced => "MutationRules",
+                };
+                tracing::warn!(error = %e, "watching {kind} failed; retrying with backoff");
+            }
+            Ok(event) => match event {
+                watcher::Event::Init => {
+                    self.relisting.insert(scope, Vec::new());
+                }
+                watcher::Event::InitApply(rule) => {
+                    self.relisting.entry(scope).or_default().push(rule);
+                }
+                watcher::Event::InitDone => {
+                    let listed = self.relisting.remove(&scope).unwrap_or_default();
+                    let keep: BTreeSet<RuleId> = listed.iter().map(|r| r.id.clone()).collect();
+                    let before = self.entries.len();
+                    self.entries
+                        .retain(|id, _| Scope::of(id) != scope || keep.contains(id));
+                    if self.entries.len() != before {
+                        self.index_stale = true;
+                        self.snapshot_stale = true;
+                    }
+                    for rule in listed {
+                        self.upsert(rule);
+                    }
+                    match scope {
+                        Scope::Cluster => self.listed_cluster = true,
+                        Scope::Namespaced => self.listed_namespaced = true,
+                    }
+                }
+                watcher::Event::Apply(rule) => self.upsert(rule),
+                watcher::Event::Delete(rule) => {
+                    if self.entries.remove(&rule.id).is_some() {
+                        tracing::info!(rule = %rule.id.describe(), "rule deleted");
+                        self.index_stale = true;
+                        self.snapshot_stale = true;
+                    }
+                }
+            },
+        }
+    }
+
+    /// Adds or updates a rule; compiles it only when its spec changed (status updates come
+    /// through here too).
+    fn upsert(&mut self, observed: Observed) {
+        self.snapshot_stale = true;
+        if let Some(entry) = self.entries.get_mut(&observed.id)
+            && entry.observed.spec == observed.spec
+        {
+            entry.observed = observed;
+            return;
+        }
+        let compiled = compile(observed.id.clone(), &observed.spec);
+        match &compiled {
+            Ok(_) => tracing::info!(rule = %observed.id.describe(), "rule compiled"),
+            Err(errors) => {
+                tracing::warn!(rule = %observed.id.describe(), errors = %errors, "rule is invalid")
+            }
+        }
+        self.index_stale = true;
+        self.entries.insert(
+            observed.id.clone(),
+            Entry {
+                observed,
+                compiled,
+                verdict: None,
+            },
+        );
+    }
+
+    /// Swaps in a new index if anything it depends on changed, and publishes the snapshot
+    /// and the webhook inputs. Nothing is published before both rule kinds have been listed
+    /// completely and discovery has been read once: a leader that just started must not
+    /// write a webhook configuration for the few rules it has seen so far.
+    fn publish(
+        &mut self,
+        shared: &Shared,
+        readiness: &Readiness,
+        snapshot: &watch::Sender<Arc<Snapshot>>,
+        needs: &watch::Sender<Arc<Inputs>>,
+    ) {
+        let Some(served) = self.served.clone() else {
+            return;
+        };
+        if !(self.listed_cluster && self.listed_namespaced) {
+            return;
+        }
+        if self.index_stale {
+            self.index_stale = false;
+            let mut ready = Vec::new();
+            let mut rule_needs = Vec::new();
+            for (id, entry) in &mut self.entries {
+                let verdict = verdict(id, &entry.observed.spec, &entry.compiled, &served);
+                if entry.verdict.as_ref() != Some(&verdict)
+                    && let Verdict::KindNotServed(m) | Verdict::KindNotAllowed(m) = &verdict
+                {
+                    tracing::warn!(rule = %id.describe(), reason = %m, "rule is not Ready");
+                }
+                if let (Ok(rule), true) = (&entry.compiled, verdict.is_ready()) {
+                    ready.push(rule.clone());
+                    rule_needs.push(RuleNeeds::of(rule));
+                }
+                entry.verdict = Some(verdict);
+            }
+            let total = self.entries.len();
+            let ready_count = ready.len();
+            shared.rules.store(Arc::new(RuleIndex::new(ready)));
+            shared
+                .metrics
+                .set_rule_counts(ready_count as i64, (total - ready_count) as i64);
+            let inputs = Arc::new(Inputs {
+                rules: rule_needs,
+                served: Some(served.clone()),
+            });
+            needs.send_if_modified(|current| {
+                if **current == *inputs {
+                    return false;
+                }
+                *current = inputs;
+                true
+            });
+        }
+        if self.snapshot_stale {
+            self.snapshot_stale = false;
+            let rules = self
+                .entries
+                .iter()
+                .map(|(id, entry)| RuleView {
+                    id: id.clone(),
+                    generation: entry.observed.generation,
+                    resource_version: entry.observed.resource_version.clone(),
+                    status: entry.observed.status.clone(),
+                    verdict: entry.verdict.clone().unwrap_or(Verdict::Ready),
+                })
+                .collect();
+            snapshot.send_replace(Arc::new(Snapshot { rules }));
+        }
+        for part in [
+            Readiness::DISCOVERY,
+            Readiness::CLUSTER_RULES,
+            Readiness::RULES,
+        ] {
+            readiness.done(part);
+        }
+    }
+}
+
+fn rule_events<K>(api: Api<K>, scope: Scope) -> impl Stream<Item = Input> + Send + 'static
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    Observed: From<K>,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(move |event| Input::Rule(scope, Box::new(event.map(|e| map_event(e, Observed::from)))))
+}
+
+fn map_event<K, T>(event: watcher::Event<K>, f: impl Fn(K) -> T) -> watcher::Event<T> {
+    match event {
+        watcher::Event::Apply(k) => watcher::Event::Apply(f(k)),
+        watcher::Event::Delete(k) => watcher::Event::Delete(f(k)),
+        watcher::Event::InitApply(k) => watcher::Event::InitApply(f(k)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+/// Watches both rule kinds and discovery until `stop`; keeps `shared.rules` and the metrics
+/// current and publishes what the status and webhook writers need.
+pub(crate) async fn run(
+    client: Client,
+    shared: Arc<Shared>,
+    readiness: Arc<Readiness>,
+    served: watch::Receiver<Option<Arc<Served>>>,
+    snapshot: watch::Sender<Arc<Snapshot>>,
+    needs: watch::Sender<Arc<Inputs>>,
+    mut stop: Stop,
+) -> Result<(), ControllerError> {
+    let served_changes = futures::stream::unfold(served, |mut rx| async move {
+        rx.changed().await.ok()?;
+        let value = rx.borrow_and_update().clone();
+        Some((Input::Served(value), rx))
+    });
+    let mut inputs = futures::stream::select_all([
+        rule_events(
+            Api::<ClusterMutationRule>::all(client.clone()),
+            Scope::Cluster,
+        )
+        .boxed(),
+        rule_events(Api::<MutationRule>::all(client), Scope::Namespaced).boxed(),
+        served_changes.boxed(),
+    ]);
+    let mut table = RuleTable::default();
+    loop {
+        let input = tokio::select! {
+            () = stop.wait() => return Ok(()),
+            input = inputs.next() => input,
+        };
+        let Some(input) = input else {
+            return Err(ControllerError::Task {
+                task: "rules",
+                message: "the rule and discovery streams ended".into(),
+            });
+        };
+        table.apply(input);
+        // Take everything already waiting before rebuilding: a relist of a thousand rules
+        // builds the index once, not a thousand times.
+        while let Some(Some(more)) = inputs.next().now_or_never() {
+            table.apply(more);
+        }
+        table.publish(&shared, &readiness, &snapshot, &needs);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::discovery::tests::served;
+
+    fn spec(kinds: &[&str]) -> RuleSpec {
+        serde_json::from_value(serde_json::json!({
+            "match": {"kinds": kinds},
+            "mutations": [{"merge": {"metadata": {"labels": {"a": "b"}}}}],
+        }))
+        .unwrap()
+    }
+
+    fn verdict_of(id: RuleId, spec: &RuleSpec) -> Verdict {
+        let compiled = compile(id.clone(), spec);
+        verdict(&id, spec, &compiled, &served())
+    }
+
+    #[test]
+    fn served_kinds_make_a_rule_ready() {
+        let id = RuleId::cluster("r");
+        assert_eq!(verdict_of(id.clone(), &spec(&["Pod"])), Verdict::Ready);
+        assert_eq!(verdict_of(id.clone(), &spec(&["*"])), Verdict::Ready);
+        assert_eq!(
+            verdict_of(id, &spec(&["apps/*/Deployment", "Namespace"])),
+            Verdict::Ready
+        );
+    }
+
+    #[test]
+    fn unserved_kinds_are_named_with_their_field() {
+        let id = RuleId::cluster("r");
+        assert_eq!(
+            verdict_of(id.clone(), &spec(&["Pod", "example.com/v2/Widget"])),
+            Verdict::KindNotServed(
+                "spec.match.kinds[1]: example.com/v2/Widget is not served by the API server \
+                 (served: example.com/v1/Widget)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            verdict_of(id, &spec(&["Deploymnet"])),
+            Verdict::KindNotServed(
+                "spec.match.kinds[0]: Deploymnet is not served by the API server".into()
+            )
+        );
+    }
+
+    #[test]
+    fn never_intercepted_and_cluster_scoped_kinds_are_not_allowed() {
+        let Verdict::KindNotAllowed(m) = verdict_of(
+            RuleId::cluster("r"),
+            &spec(&["coordination.k8s.io/v1/Lease"]),
+        ) else {
+            panic!("expected KindNotAllowed");
+        };
+        assert!(
+            m.starts_with(
+                "spec.match.kinds[0]: initium never intercepts leases.coordination.k8s.io: "
+            ),
+            "{m}"
+        );
+        let Verdict::KindNotAllowed(m) =
+            verdict_of(RuleId::namespaced("ns", "r"), &spec(&["Namespace"]))
+        else {
+            panic!("expected KindNotAllowed");
+        };
+        assert!(m.contains("Namespace is cluster-scoped"), "{m}");
+        // `*` in a MutationRule still has namespaced kinds to work on.
+        assert_eq!(
+            verdict_of(RuleId::namespaced("ns", "r"), &spec(&["*"])),
+            Verdict::Ready
+        );
+    }
+
+    #[test]
+    fn compile_errors_keep_their_field_paths() {
+        let mut bad = spec(&["Pod"]);
+        bad.conditions = serde_json::from_value(
+            serde_json::json!([{"path": "$.metadata.name", "matches": "("}]),
+        )
+        .unwrap();
+        let Verdict::Invalid(m) = verdict_of(RuleId::cluster("r"), &bad) else {
+            panic!("expected Invalid");
+        };
+        assert!(m.starts_with("spec.conditions[0].matches: "), "{m}");
+    }
+
+    fn observed(id: RuleId, kinds: &[&str]) -> Observed {
+        Observed {
+            id,
+            spec: spec(kinds),
+            generation: Some(1),
+            resource_version: Some("1".into()),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn a_relist_replaces_the_rules_of_its_kind_only() {
+        let mut table = RuleTable::default();
+        let rule = |scope, event| Input::Rule(scope, Box::new(Ok(event)));
+        table.apply(rule(
+            Scope::Cluster,
+            watcher::Event::Apply(observed(RuleId::cluster("gone"), &["Pod"])),
+        ));
+        table.apply(rule(
+            Scope::Namespaced,
+            watcher::Event::Apply(observed(RuleId::namespaced("ns", "stays"), &["Pod"])),
+        ));
+        table.apply(rule(Scope::Cluster, watcher::Event::Init));
+        table.apply(rule(
+            Scope::Cluster,
+            watcher::Event::InitApply(observed(RuleId::cluster("new"), &["Pod"])),
+        ));
+        table.apply(rule(Scope::Cluster, watcher::Event::InitDone));
+        let ids: Vec<String> = table.entries.keys().map(ToString::to_string).collect();
+        assert_eq!(ids, ["new", "ns/stays"]);
+        assert!(table.listed_cluster && !table.listed_namespaced);
+    }
+
+    #[test]
+    fn status_updates_do_not_recompile_or_rebuild_the_index() {
+        let mut table = RuleTable::default();
+        let id = RuleId::cluster("r");
+        table.upsert(observed(id.clone(), &["Pod"]));
+        table.index_stale = false;
+        table.snapshot_stale = false;
+        let mut again = observed(id, &["Pod"]);
+        again.resource_version = Some("2".into());
+        again.status = Some(RuleStatus::default());
+        table.upsert(again);
+        assert!(table.snapshot_stale);
+        assert!(!table.index_stale);
+    }
+
+    #[test]
+    fn publishing_swaps_in_only_ready_rules() {
+        let shared = Shared::new(Default::default());
+        let readiness = Readiness::new(shared.clone());
+        let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (needs_tx, needs_rx) = watch::channel(Arc::new(Inputs::default()));
+        let mut table = RuleTable::default();
+        let rule = |scope, event| Input::Rule(scope, Box::new(Ok(event)));
+        table.apply(rule(Scope::Cluster, watcher::Event::Init));
+        for (name, kind) in [("pods", "Pod"), ("widgets", "example.com/v9/Widget")] {
+            table.apply(rule(
+                Scope::Cluster,
+                watcher::Event::InitApply(observed(RuleId::cluster(name), &[kind])),
+            ));
+        }
+        table.apply(rule(Scope::Cluster, watcher::Event::InitDone));
+        table.publish(&shared, &readiness, &snapshot_tx, &needs_tx);
+        assert!(shared.rules.load().is_empty(), "nothing before discovery");
+
+        table.apply(Input::Served(Some(Arc::new(served()))));
+        table.publish(&shared, &readiness, &snapshot_tx, &needs_tx);
+        assert!(
+            shared.rules.load().is_empty() && needs_rx.borrow().served.is_none(),
+            "nothing before the MutationRules are listed too"
+        );
+
+        table.apply(rule(Scope::Namespaced, watcher::Event::Init));
+        table.apply(rule(Scope::Namespaced, watcher::Event::InitDone));
+        table.publish(&shared, &readiness, &snapshot_tx, &needs_tx);
+        let index = shared.rules.load();
+        let ids: Vec<String> = index.rules().iter().map(|r| r.id.to_string()).collect();
+        assert_eq!(ids, ["pods"]);
+        assert_eq!(needs_rx.borrow().rules.len(), 1);
+        let verdicts: Vec<bool> = snapshot_rx
+            .borrow()
+            .rules
+            .iter()
+            .map(|r| r.verdict.is_ready())
+            .collect();
+        assert_eq!(verdicts, [true, false]);
+        assert!(!shared.is_synced(), "Namespaces have not been listed yet");
+        readiness.done(Readiness::NAMESPACES);
+        assert!(shared.is_synced());
+    }
+}

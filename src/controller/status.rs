@@ -1,0 +1,324 @@
+//! Rule status: the `Ready` condition and `observedGeneration` of every rule.
+//!
+//! | Ready | reason           | when                                                         |
+//! |-------|------------------|--------------------------------------------------------------|
+//! | True  | `Compiled`       | compiled, every kind served: in the index                    |
+//! | False | `InvalidRule`    | does not compile; the message lists every error by field path |
+//! | False | `KindNotServed`  | a pattern in `match.kinds` matches no served kind            |
+//! | False | `KindNotAllowed` | a pattern matches only kinds initium never intercepts        |
+//!
+//! Only the Lease holder writes, through the status subresource, and only when the condition
+//! (type, status, reason, message, observedGeneration) or `status.observedGeneration` differs
+//! from what is there; `lastTransitionTime` changes only when the status flips. Other
+//! conditions on the rule are kept.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::rules::{RuleView, Snapshot, Verdict};
+use super::{ControllerError, FIELD_MANAGER, Leader, Stop};
+use crate::api::{ClusterMutationRule, MutationRule, RuleStatus};
+use crate::engine::RuleId;
+
+/// The condition type initium writes.
+pub const READY: &str = "Ready";
+/// Longest condition message written (the rest is cut, marked with `…`).
+const MESSAGE_MAX_CHARS: usize = 32 * 1024;
+/// Status patches in flight at once (a thousand rules at start-up should not take minutes).
+const CONCURRENT_WRITES: usize = 8;
+
+/// The `Ready` condition for a verdict (without `lastTransitionTime`).
+fn ready_condition(verdict: &Verdict, generation: Option<i64>, now: &Time) -> Condition {
+    let (status, reason, message) = match verdict {
+        Verdict::Ready => (
+            "True",
+            "Compiled",
+            "the rule is compiled and applied to matching objects",
+        ),
+        Verdict::Invalid(m) => ("False", "InvalidRule", m.as_str()),
+        Verdict::KindNotServed(m) => ("False", "KindNotServed", m.as_str()),
+        Verdict::KindNotAllowed(m) => ("False", "KindNotAllowed", m.as_str()),
+    };
+    Condition {
+        type_: READY.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: truncate(message),
+        observed_generation: generation,
+        last_transition_time: now.clone(),
+    }
+}
+
+fn truncate(message: &str) -> String {
+    match message.char_indices().nth(MESSAGE_MAX_CHARS) {
+        Some((at, _)) => format!("{}…", &message[..at]),
+        None => message.to_string(),
+    }
+}
+
+/// The status a rule should have, or `None` when what it has already says so. `now` becomes
+/// `lastTransitionTime` when `Ready` flips (or appears).
+pub fn desired_status(view: &RuleView, now: &Time) -> Option<RuleStatus> {
+    let mut wanted = ready_condition(&view.verdict, view.generation, now);
+    let current = view.status.clone().unwrap_or_default();
+    let existing = current.conditions.iter().find(|c| c.type_ == READY);
+    if let Some(existing) = existing {
+        let same = existing.status == wanted.status
+            && existing.reason == wanted.reason
+            && existing.message == wanted.message
+            && existing.observed_generation == wanted.observed_generation;
+        if same && current.observed_generation == view.generation {
+            return None;
+        }
+        if existing.status == wanted.status {
+            wanted.last_transition_time = existing.last_transition_time.clone();
+        }
+    }
+    let mut conditions = current.conditions;
+    match conditions.iter_mut().find(|c| c.type_ == READY) {
+        Some(slot) => *slot = wanted,
+        None => conditions.push(wanted),
+    }
+    Some(RuleStatus {
+        observed_generation: view.generation,
+        conditions,
+    })
+}
+
+/// Writes one rule's status with a merge patch on the status subresource. The
+/// `resourceVersion` makes it conditional: if the rule changed since it was seen, the API
+/// server answers 409 and the next snapshot decides again.
+async fn write(client: &Client, view: &RuleView, status: &RuleStatus) -> Result<(), kube::Error> {
+    let patch = json!({
+        "metadata": {"resourceVersion": view.resource_version},
+        "status": status,
+    });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let RuleId { namespace, name } = &view.id;
+    match namespace {
+        Some(ns) => {
+            Api::<MutationRule>::namespaced(client.clone(), ns)
+                .patch_status(name, &params, &Patch::Merge(&patch))
+                .await?;
+        }
+        None => {
+            Api::<ClusterMutationRule>::all(client.clone())
+                .patch_status(name, &params, &Patch::Merge(&patch))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// While this replica holds the Lease, brings every rule's status in line with its verdict,
+/// after every snapshot and on gaining the Lease; failed writes are retried with backoff.
+pub(crate) async fn run(
+    client: Client,
+    mut snapshot: watch::Receiver<Arc<Snapshot>>,
+    mut leader: Leader,
+    mut stop: Stop,
+) -> Result<(), ControllerError> {
+    // What was written last per rule, and the resourceVersion it was written over: until the
+    // watch brings the new version, the same status is not written again.
+    let mut written: HashMap<RuleId, (Option<String>, RuleStatus)> = HashMap::new();
+    let mut retry: Option<Duration> = None;
+    let mut failures = 0u32;
+    loop {
+        let retry_due = async {
+            match retry {
+                Some(after) => tokio::time::sleep(after).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = stop.wait() => return Ok(()),
+            changed = snapshot.changed() => if changed.is_err() { return Ok(()) },
+            () = leader.changed() => {}
+            () = retry_due => {}
+        }
+        retry = None;
+        if !leader.is_leader() {
+            written.clear();
+            continue;
+        }
+        let current = snapshot.borrow_and_update().clone();
+        written.retain(|id, _| current.rules.iter().any(|r| &r.id == id));
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let work: Vec<(RuleView, RuleStatus)> = current
+            .rules
+            .iter()
+            .filter_map(|view| desired_status(view, &now).map(|status| (view.clone(), status)))
+            .filter(|(view, status)| {
+                written.get(&view.id) != Some(&(view.resource_version.clone(), status.clone()))
+            })
+            .collect();
+        if work.is_empty() {
+            continue;
+        }
+        let results: Vec<_> = futures::stream::iter(work)
+            .map(|(view, status)| {
+                let client = client.clone();
+                async move {
+                    let result = write(&client, &view, &status).await;
+                    (view, status, result)
+                }
+            })
+            .buffer_unordered(CONCURRENT_WRITES)
+            .collect()
+            .await;
+        let mut failed = false;
+        for (view, status, result) in results {
+            match result {
+                Ok(()) => {
+                    tracing::debug!(rule = %view.id.describe(), ready = view.verdict.is_ready(), "status written");
+                    written.insert(view.id.clone(), (view.resource_version.clone(), status));
+                }
+                // Changed or deleted since seen: the watch brings the news, then we decide again.
+                Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+                    retry = Some(Duration::from_secs(1));
+                }
+                Err(e) => {
+                    failed = true;
+                    tracing::warn!(rule = %view.id.describe(), error = %e, "writing the rule status failed");
+                }
+            }
+        }
+        if failed {
+            failures = failures.saturating_add(1);
+            retry = Some(Duration::from_millis(500u64 << failures.min(6)));
+        } else {
+            failures = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn time(seconds: i64) -> Time {
+        Time(Timestamp::from_second(seconds).unwrap())
+    }
+
+    fn view(verdict: Verdict, generation: i64, status: Option<RuleStatus>) -> RuleView {
+        RuleView {
+            id: RuleId::cluster("r"),
+            generation: Some(generation),
+            resource_version: Some("1".into()),
+            status,
+            verdict,
+        }
+    }
+
+    #[test]
+    fn a_new_rule_gets_ready_with_its_generation() {
+        let status = desired_status(&view(Verdict::Ready, 3, None), &time(100)).unwrap();
+        assert_eq!(status.observed_generation, Some(3));
+        let [ready] = status.conditions.as_slice() else {
+            panic!("one condition expected: {status:?}");
+        };
+        assert_eq!(
+            (
+                ready.type_.as_str(),
+                ready.status.as_str(),
+                ready.reason.as_str()
+            ),
+            ("Ready", "True", "Compiled")
+        );
+        assert_eq!(ready.observed_generation, Some(3));
+        assert_eq!(ready.last_transition_time, time(100));
+    }
+
+    #[test]
+    fn an_unchanged_status_is_not_written_again() {
+        let first = desired_status(&view(Verdict::Ready, 3, None), &time(100));
+        assert_eq!(
+            desired_status(&view(Verdict::Ready, 3, first), &time(200)),
+            None
+        );
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_status_flips() {
+        let ready = desired_status(&view(Verdict::Ready, 1, None), &time(100));
+        // New generation, still Ready: rewritten, same transition time.
+        let again = desired_status(&view(Verdict::Ready, 2, ready.clone()), &time(200)).unwrap();
+        assert_eq!(again.conditions[0].last_transition_time, time(100));
+        assert_eq!(again.observed_generation, Some(2));
+        // Broken: flips to False now.
+        let broken = desired_status(
+            &view(Verdict::Invalid("spec.x: bad".into()), 2, ready),
+            &time(300),
+        )
+        .unwrap();
+        let condition = &broken.conditions[0];
+        assert_eq!(
+            (
+                condition.status.as_str(),
+                condition.reason.as_str(),
+                condition.message.as_str()
+            ),
+            ("False", "InvalidRule", "spec.x: bad")
+        );
+        assert_eq!(condition.last_transition_time, time(300));
+        // Another error message, still False: rewritten, same transition time.
+        let other = desired_status(
+            &view(
+                Verdict::KindNotServed("spec.y: gone".into()),
+                2,
+                Some(broken),
+            ),
+            &time(400),
+        )
+        .unwrap();
+        assert_eq!(other.conditions[0].reason, "KindNotServed");
+        assert_eq!(other.conditions[0].last_transition_time, time(300));
+    }
+
+    #[test]
+    fn other_conditions_are_kept() {
+        let mut status = desired_status(&view(Verdict::Ready, 1, None), &time(100)).unwrap();
+        status.conditions.insert(
+            0,
+            Condition {
+                type_: "Gated".into(),
+                status: "True".into(),
+                reason: "Waiting".into(),
+                message: String::new(),
+                observed_generation: Some(1),
+                last_transition_time: time(50),
+            },
+        );
+        let next = desired_status(&view(Verdict::Ready, 2, Some(status)), &time(200)).unwrap();
+        let types: Vec<&str> = next.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, ["Gated", "Ready"]);
+    }
+
+    #[test]
+    fn a_missing_status_generation_is_filled_in() {
+        let mut status = desired_status(&view(Verdict::Ready, 1, None), &time(100)).unwrap();
+        status.observed_generation = None;
+        assert!(desired_status(&view(Verdict::Ready, 1, Some(status)), &time(200)).is_some());
+    }
+
+    #[test]
+    fn long_messages_are_cut() {
+        let long = "é".repeat(MESSAGE_MAX_CHARS + 10);
+        let status = desired_status(&view(Verdict::Invalid(long), 1, None), &time(1)).unwrap();
+        let message = &status.conditions[0].message;
+        assert_eq!(message.chars().count(), MESSAGE_MAX_CHARS + 1);
+        assert!(message.ends_with('…'));
+    }
+}

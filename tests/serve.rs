@@ -1,0 +1,855 @@
+//! `initium serve` end to end on the real API server: the binary runs out of cluster
+//! (`--webhook-url https://127.0.0.1:PORT`), the API server calls it for real, and the
+//! tests look at what `kubectl` stores and prints.
+//!
+//! Webhook configurations and rules are cluster-wide, so the tests of this binary run one
+//! at a time and each cleans up before it starts.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn kubectl(args: &[&str]) -> Output {
+    support::kubectl()
+        .args(args)
+        .output()
+        .expect("kubectl runs")
+}
+
+fn kubectl_stdin(args: &[&str], input: &str) -> Output {
+    let mut child = support::kubectl()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("kubectl finishes")
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn apply(yaml: &str) {
+    ok(
+        kubectl_stdin(
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            yaml,
+        ),
+        &format!("apply\n{yaml}"),
+    );
+}
+
+fn json(out: String) -> Value {
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// Polls `f` until it returns `Some`, or fails the test after `timeout` with `what`.
+fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn install_crds() {
+    static CRDS: OnceLock<()> = OnceLock::new();
+    CRDS.get_or_init(|| {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/crds");
+        ok(
+            kubectl(&["apply", "--server-side", "-k", dir]),
+            "install CRDs",
+        );
+        for crd in [
+            "mutationrules.initium.dev",
+            "clustermutationrules.initium.dev",
+        ] {
+            eventually(
+                Duration::from_secs(60),
+                "the CRDs to be Established",
+                || {
+                    let out = kubectl(&[
+                        "get",
+                        "crd",
+                        crd,
+                        "-o",
+                        "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+                    ]);
+                    (String::from_utf8_lossy(&out.stdout) == "True").then_some(())
+                },
+            );
+        }
+    });
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn unique(prefix: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id() % 10_000,
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+fn namespace(prefix: &str) -> String {
+    let name = unique(prefix);
+    ok(kubectl(&["create", "namespace", &name]), "create namespace");
+    name
+}
+
+/// Deletes every rule and the webhook configurations a previous test may have left.
+fn clean_cluster() {
+    ok(
+        kubectl(&["delete", "cmr", "--all", "--wait=true"]),
+        "delete cluster rules",
+    );
+    ok(
+        kubectl(&["delete", "mr", "--all", "--all-namespaces", "--wait=true"]),
+        "delete rules",
+    );
+}
+
+/// One `initium serve` process.
+struct Initium {
+    child: Option<Child>,
+    webhook_port: u16,
+    ops_port: u16,
+    webhook_name: String,
+    namespace: String,
+}
+
+impl Initium {
+    fn start(webhook_name: &str, namespace: &str, extra: &[&str]) -> Initium {
+        let webhook_port = free_port();
+        let ops_port = free_port();
+        let listen = format!("127.0.0.1:{webhook_port}");
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--listen".into(),
+            listen.clone(),
+            "--webhook-url".into(),
+            format!("https://{listen}"),
+            "--ops-listen".into(),
+            format!("127.0.0.1:{ops_port}"),
+            "--namespace".into(),
+            namespace.into(),
+            "--webhook-name".into(),
+            webhook_name.into(),
+            "--lease-name".into(),
+            webhook_name.into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let log = std::fs::File::create(
+            std::env::temp_dir().join(format!("{webhook_name}-{webhook_port}.log")),
+        )
+        .expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_initium"))
+            .args(&args)
+            .env("KUBECONFIG", support::kubeconfig_path())
+            .env("RUST_LOG", "info,initium=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("initium serve starts");
+        let initium = Initium {
+            child: Some(child),
+            webhook_port,
+            ops_port,
+            webhook_name: webhook_name.into(),
+            namespace: namespace.into(),
+        };
+        eventually(Duration::from_secs(30), "initium /readyz", || {
+            (initium.ops("/readyz").0 == 200).then_some(())
+        });
+        initium
+    }
+
+    /// GET on the operations port: (status, body).
+    fn ops(&self, path: &str) -> (u16, String) {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.ops_port)) else {
+            return (0, String::new());
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        if stream.write_all(request.as_bytes()).is_err() {
+            return (0, String::new());
+        }
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGTERM first: initium shuts down gracefully.
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(15) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn webhook_configuration(&self) -> Option<Value> {
+        let out = kubectl(&[
+            "get",
+            "mutatingwebhookconfiguration",
+            &self.webhook_name,
+            "-o",
+            "json",
+        ]);
+        out.status
+            .success()
+            .then(|| json(String::from_utf8_lossy(&out.stdout).into_owned()))
+    }
+
+    /// The resources the mutating webhooks intercept, e.g. `["pods"]`.
+    fn intercepted(&self) -> Vec<String> {
+        let Some(config) = self.webhook_configuration() else {
+            return Vec::new();
+        };
+        let mut resources: Vec<String> = config["webhooks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|w| w["rules"].as_array().cloned().unwrap_or_default())
+            .flat_map(|r| r["resources"].as_array().cloned().unwrap_or_default())
+            .filter_map(|r| r.as_str().map(String::from))
+            .collect();
+        resources.sort();
+        resources.dedup();
+        resources
+    }
+}
+
+impl Drop for Initium {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = kubectl(&[
+            "delete",
+            "mutatingwebhookconfiguration",
+            &self.webhook_name,
+            "--ignore-not-found",
+        ]);
+        let _ = kubectl(&[
+            "delete",
+            "validatingwebhookconfiguration",
+            &self.webhook_name,
+            "--ignore-not-found",
+        ]);
+        let _ = kubectl(&[
+            "delete",
+            "namespace",
+            &self.namespace,
+            "--wait=false",
+            "--ignore-not-found",
+        ]);
+    }
+}
+
+fn ready_status(kind: &str, namespace: Option<&str>, name: &str) -> Option<String> {
+    let mut args = vec![
+        "get",
+        kind,
+        name,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+    ];
+    if let Some(ns) = namespace {
+        args.extend(["-n", ns]);
+    }
+    let out = kubectl(&args);
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn pod_yaml(namespace: &str, name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  containers:\n  - {{name: app, image: registry.example.com/app:1}}\n  - {{name: side, image: registry.example.com/side:1}}\n"
+    )
+}
+
+/// Creates the object for real, returns what the API server stored.
+fn create(yaml: &str) -> Value {
+    json(ok(
+        kubectl_stdin(&["create", "-f", "-", "-o", "json"], yaml),
+        &format!("create\n{yaml}"),
+    ))
+}
+
+/// A server-side dry-run create: the object as it would be stored (mutated by webhooks).
+fn dry_run(yaml: &str) -> Value {
+    json(ok(
+        kubectl_stdin(
+            &["create", "--dry-run=server", "-f", "-", "-o", "json"],
+            yaml,
+        ),
+        &format!("dry-run create\n{yaml}"),
+    ))
+}
+
+fn test_ca_rule(namespace: &str, mount_path: &str) -> String {
+    format!(
+        r#"apiVersion: initium.dev/v1alpha1
+kind: MutationRule
+metadata: {{name: test-certs, namespace: {namespace}}}
+spec:
+  match: {{kinds: [Pod]}}
+  mutations:
+    - upsert: {{path: /spec/volumes, key: name, value: {{name: test-ca, secret: {{secretName: test-ca}}}}}}
+    - forEach: "$.spec.containers[*]"
+      mutations:
+        - upsert: {{path: /volumeMounts, key: name, value: {{name: test-ca, mountPath: {mount_path}, readOnly: true}}}}
+"#
+    )
+}
+
+fn mounts(pod: &Value) -> Vec<String> {
+    pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            c["volumeMounts"]
+                .as_array()
+                .and_then(|m| m.iter().find(|m| m["name"] == "test-ca"))
+                .map_or(String::new(), |m| {
+                    m["mountPath"].as_str().unwrap_or("").to_string()
+                })
+        })
+        .collect()
+}
+
+#[test]
+fn a_namespace_rule_mutates_its_pods_and_follows_updates_and_deletion() {
+    let _serial = serial();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let initium = Initium::start(&unique("initium-e2e"), &own, &[]);
+    let payments = namespace("payments");
+    let shop = namespace("shop");
+    assert!(
+        initium.intercepted().is_empty(),
+        "with no rules the configuration intercepts nothing: {:?}",
+        initium.webhook_configuration()
+    );
+
+    let applied = Instant::now();
+    apply(&test_ca_rule(&payments, "/etc/ssl/test"));
+    eventually(
+        Duration::from_secs(2),
+        "the rule to be Ready within 2 s",
+        || (ready_status("mr", Some(&payments), "test-certs")? == "True").then_some(()),
+    );
+    let ready_after = applied.elapsed();
+    eventually(
+        Duration::from_secs(5),
+        "the webhook configuration to cover pods",
+        || (initium.intercepted() == ["pods"]).then_some(()),
+    );
+    // The API server picks up a changed webhook configuration within about a second.
+    eventually(Duration::from_secs(5), "dry-run Pods to be mutated", || {
+        (mounts(&dry_run(&pod_yaml(&payments, "probe")))[0] == "/etc/ssl/test").then_some(())
+    });
+
+    let pod = create(&pod_yaml(&payments, "web"));
+    assert_eq!(
+        mounts(&pod),
+        ["/etc/ssl/test", "/etc/ssl/test"],
+        "every container gets the mount: {pod}"
+    );
+    assert!(
+        pod["spec"]["volumes"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|v| v["name"] == "test-ca")),
+        "{pod}"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["initium.dev/mutated-by"],
+        format!("{payments}/test-certs")
+    );
+    let other = create(&pod_yaml(&shop, "web"));
+    assert_eq!(
+        mounts(&other),
+        ["", ""],
+        "a Pod in another namespace is untouched: {other}"
+    );
+    assert!(
+        other["metadata"]["annotations"]
+            .get("initium.dev/mutated-by")
+            .is_none()
+    );
+    eprintln!("rule Ready {ready_after:?} after kubectl apply");
+
+    // An update changes what new Pods get within 2 s.
+    apply(&test_ca_rule(&payments, "/etc/ssl/updated"));
+    eventually(
+        Duration::from_secs(2),
+        "new Pods to get the updated mount",
+        || (mounts(&dry_run(&pod_yaml(&payments, "probe")))[0] == "/etc/ssl/updated").then_some(()),
+    );
+
+    // Deleting the rule stops the mutation and shrinks the webhook configuration.
+    ok(
+        kubectl(&["delete", "mr", "test-certs", "-n", &payments]),
+        "delete rule",
+    );
+    eventually(
+        Duration::from_secs(5),
+        "the configuration to intercept nothing",
+        || initium.intercepted().is_empty().then_some(()),
+    );
+    let after = create(&pod_yaml(&payments, "after"));
+    assert_eq!(mounts(&after), ["", ""], "{after}");
+}
+
+#[test]
+fn deployments_and_namespace_selectors() {
+    let _serial = serial();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let initium = Initium::start(&unique("initium-e2e"), &own, &[]);
+    let team = namespace("team");
+    apply(
+        r#"apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: deployment-owner}
+spec:
+  match: {kinds: [apps/v1/Deployment]}
+  mutations: [{merge: {metadata: {labels: {owner: platform}}}}]
+---
+apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: prod-pods}
+spec:
+  match:
+    kinds: [Pod]
+    namespaceSelector: {matchLabels: {env: prod}}
+  mutations: [{merge: {metadata: {labels: {tier: prod}}}}]
+"#,
+    );
+    eventually(Duration::from_secs(5), "both resources intercepted", || {
+        (initium.intercepted() == ["deployments", "pods"]).then_some(())
+    });
+    let deployment = format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web, namespace: {team}}}\nspec:\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    metadata: {{labels: {{app: web}}}}\n    spec: {{containers: [{{name: web, image: registry.example.com/web:1}}]}}\n"
+    );
+    eventually(Duration::from_secs(5), "Deployments to be mutated", || {
+        (dry_run(&deployment)["metadata"]["labels"]["owner"] == "platform").then_some(())
+    });
+    let pod = pod_yaml(&team, "p");
+    assert!(
+        dry_run(&pod)["metadata"]["labels"].get("tier").is_none(),
+        "the namespace is not prod yet"
+    );
+    ok(
+        kubectl(&["label", "namespace", &team, "env=prod"]),
+        "label namespace",
+    );
+    eventually(
+        Duration::from_secs(3),
+        "the namespace label change to be followed",
+        || (dry_run(&pod)["metadata"]["labels"]["tier"] == "prod").then_some(()),
+    );
+}
+
+#[test]
+fn invalid_rules_are_rejected_at_apply_with_the_field_path() {
+    let _serial = serial();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let _initium = Initium::start(&unique("initium-e2e"), &own, &[]);
+    let rule = r#"apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: bad-regex}
+spec:
+  match: {kinds: [Pod]}
+  mutations: [{rewrite: {path: /spec/containers/0/image, regex: "(unclosed", replacement: x}}]
+"#;
+    let out = eventually(
+        Duration::from_secs(5),
+        "the validating webhook to reject the rule",
+        || {
+            let out = kubectl_stdin(&["apply", "-f", "-"], rule);
+            if out.status.success() {
+                let _ = kubectl(&["delete", "cmr", "bad-regex", "--ignore-not-found"]);
+                return None;
+            }
+            Some(out)
+        },
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("spec.mutations[0].rewrite.regex"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("unclosed group"), "{stderr}");
+    // Server-side dry run (what GitOps tools use to preview) sees the same error.
+    let out = kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], rule);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("spec.mutations[0].rewrite.regex"));
+}
+
+#[test]
+fn a_rule_matching_everything_never_touches_initiums_namespace_or_kube_system() {
+    let _serial = serial();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let initium = Initium::start(&unique("initium-e2e"), &own, &[]);
+    let team = namespace("team");
+    apply(
+        r#"apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: everything}
+spec:
+  match: {kinds: ["*"]}
+  mutations: [{merge: {metadata: {labels: {touched: "yes"}}}}]
+"#,
+    );
+    let config_map = |ns: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm, namespace: {ns}}}\ndata: {{a: b}}\n"
+        )
+    };
+    eventually(
+        Duration::from_secs(5),
+        "ConfigMaps in a team namespace to be mutated",
+        || (dry_run(&config_map(&team))["metadata"]["labels"]["touched"] == "yes").then_some(()),
+    );
+    for ns in [own.as_str(), "kube-system"] {
+        let stored = dry_run(&config_map(ns));
+        assert!(
+            stored["metadata"]["labels"].get("touched").is_none(),
+            "{ns} must never be intercepted: {stored}"
+        );
+    }
+    let config = initium.webhook_configuration().expect("configuration");
+    let selector =
+        serde_json::to_string(&config["webhooks"][0]["namespaceSelector"]).unwrap_or_default();
+    assert!(
+        selector.contains("kube-system") && selector.contains(&own),
+        "{selector}"
+    );
+}
+
+#[test]
+fn with_initium_stopped_ignore_rules_let_pods_through_and_fail_rules_reject_them() {
+    let _serial = serial();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let mut initium = Initium::start(&unique("initium-e2e"), &own, &[]);
+    let soft = namespace("soft");
+    let strict = namespace("strict");
+    apply(&format!(
+        r#"apiVersion: initium.dev/v1alpha1
+kind: MutationRule
+metadata: {{name: optional, namespace: {soft}}}
+spec:
+  match: {{kinds: [Pod]}}
+  mutations: [{{merge: {{metadata: {{labels: {{soft: "yes"}}}}}}}}]
+---
+apiVersion: initium.dev/v1alpha1
+kind: MutationRule
+metadata: {{name: required, namespace: {strict}}}
+spec:
+  failurePolicy: Fail
+  match: {{kinds: [Pod]}}
+  mutations: [{{merge: {{metadata: {{labels: {{strict: "yes"}}}}}}}}]
+"#
+    ));
+    eventually(Duration::from_secs(5), "both rules in effect", || {
+        (dry_run(&pod_yaml(&soft, "p"))["metadata"]["labels"]["soft"] == "yes"
+            && dry_run(&pod_yaml(&strict, "p"))["metadata"]["labels"]["strict"] == "yes")
+            .then_some(())
+    });
+    initium.stop();
+    let started = Instant::now();
+    let pod = create(&pod_yaml(&soft, "while-down"));
+    let took = started.elapsed();
+    assert!(
+        pod["metadata"]["labels"].get("soft").is_none(),
+        "created unmutated: {pod}"
+    );
+    let timeout = initium
+        .webhook_configuration()
+        .and_then(|c| c["webhooks"][0]["timeoutSeconds"].as_u64())
+        .unwrap_or(10);
+    assert!(
+        took < Duration::from_secs(timeout + 2),
+        "no hang past the webhook timeout ({timeout} s): took {took:?}"
+    );
+    let out = kubectl_stdin(&["create", "-f", "-"], &pod_yaml(&strict, "while-down"));
+    assert!(
+        !out.status.success(),
+        "a Pod matching a Fail rule is rejected while initium is down"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("failed calling webhook"), "{stderr}");
+}
+
+#[test]
+fn a_tiny_budget_warns_for_ignore_rules_and_denies_for_fail_rules() {
+    let _serial = serial();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let _initium = Initium::start(&unique("initium-e2e"), &own, &["--budget", "0ms"]);
+    let soft = namespace("soft");
+    let strict = namespace("strict");
+    apply(&format!(
+        r#"apiVersion: initium.dev/v1alpha1
+kind: MutationRule
+metadata: {{name: optional, namespace: {soft}}}
+spec:
+  match: {{kinds: [Pod]}}
+  mutations: [{{merge: {{metadata: {{labels: {{soft: "yes"}}}}}}}}]
+---
+apiVersion: initium.dev/v1alpha1
+kind: MutationRule
+metadata: {{name: required, namespace: {strict}}}
+spec:
+  failurePolicy: Fail
+  match: {{kinds: [Pod]}}
+  mutations: [{{merge: {{metadata: {{labels: {{strict: "yes"}}}}}}}}]
+"#
+    ));
+    let out = eventually(Duration::from_secs(5), "the budget warning", || {
+        let out = kubectl_stdin(
+            &["create", "--dry-run=server", "-f", "-", "-o", "json"],
+            &pod_yaml(&soft, "p"),
+        );
+        String::from_utf8_lossy(&out.stderr)
+            .contains("latency budget")
+            .then_some(out)
+    });
+    assert!(out.status.success(), "an Ignore rule never stops the Pod");
+    let stored = json(String::from_utf8_lossy(&out.stdout).into_owned());
+    assert!(
+        stored["metadata"]["labels"].get("soft").is_none(),
+        "{stored}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Warning:")
+            && stderr.contains(&format!("MutationRule {soft}/optional skipped")),
+        "{stderr}"
+    );
+    let out = eventually(Duration::from_secs(5), "the budget denial", || {
+        let out = kubectl_stdin(
+            &["create", "--dry-run=server", "-f", "-"],
+            &pod_yaml(&strict, "p"),
+        );
+        (!out.status.success()).then_some(out)
+    });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("MutationRule {strict}/required (failurePolicy Fail) could not run: the latency budget ran out")), "{stderr}");
+}
+
+/// POSTs an AdmissionReview straight to one replica's `/mutate` (its certificate is
+/// self-signed, hence `-k`) and returns the response.
+fn post_review(port: u16, review: &Value) -> Value {
+    let out = Command::new("curl")
+        .args([
+            "-sk",
+            "--max-time",
+            "5",
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            "@-",
+        ])
+        .arg(format!("https://127.0.0.1:{port}/mutate"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(review.to_string().as_bytes())?;
+            child.wait_with_output()
+        })
+        .expect("curl runs");
+    json(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn pod_review(namespace: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0d7c7b4e-6a4a-4f3e-9a55-1f3c2d1e0b9a",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "test"},
+            "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "p-", "namespace": namespace},
+                       "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1"}]}},
+            "dryRun": false
+        }
+    })
+}
+
+#[test]
+fn two_replicas_both_serve_and_only_the_lease_holder_writes() {
+    let _serial = serial();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let name = unique("initium-e2e");
+    let mut replicas = [
+        Initium::start(&name, &own, &["--identity", "replica-a"]),
+        Initium::start(&name, &own, &["--identity", "replica-b"]),
+    ];
+    let holder = || {
+        let out = kubectl(&[
+            "get",
+            "lease",
+            &name,
+            "-n",
+            &own,
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ]);
+        let id = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success() && !id.is_empty()).then_some(id)
+    };
+    let leader = eventually(Duration::from_secs(20), "a lease holder", holder);
+    let leading = match leader.as_str() {
+        "replica-a" => 0,
+        "replica-b" => 1,
+        other => panic!("unexpected lease holder {other}"),
+    };
+    for (i, replica) in replicas.iter().enumerate() {
+        let (status, body) = replica.ops("/metrics");
+        assert_eq!(status, 200);
+        let leads = body
+            .lines()
+            .any(|l| l.starts_with("initium_leader ") && l.trim_end().ends_with(" 1"));
+        assert_eq!(
+            leads,
+            i == leading,
+            "initium_leader of replica {i}:\n{body}"
+        );
+    }
+    // Only the leader writes the webhook configuration: it points at the leader's URL.
+    let url = |replicas: &[Initium]| {
+        replicas[0].webhook_configuration().and_then(|c| {
+            c["webhooks"][0]["clientConfig"]["url"]
+                .as_str()
+                .map(String::from)
+        })
+    };
+    let team = namespace("team");
+    apply(&test_ca_rule(&team, "/etc/ssl/test"));
+    eventually(Duration::from_secs(5), "the rule to be Ready", || {
+        (ready_status("mr", Some(&team), "test-certs")? == "True").then_some(())
+    });
+    let expected_url = format!(
+        "https://127.0.0.1:{}/mutate",
+        replicas[leading].webhook_port
+    );
+    eventually(Duration::from_secs(5), "the leader's webhook URL", || {
+        (url(&replicas)? == expected_url).then_some(())
+    });
+    // Both replicas serve admission with the same rules.
+    for replica in &replicas {
+        let response = eventually(Duration::from_secs(5), "a mutating answer", || {
+            let r = post_review(replica.webhook_port, &pod_review(&team));
+            r["response"]["patch"].is_string().then_some(r)
+        });
+        assert_eq!(response["response"]["allowed"], true, "{response}");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        url(&replicas).as_deref(),
+        Some(expected_url.as_str()),
+        "the other replica never rewrote the configuration"
+    );
+
+    // The leader stops: the other takes the lease and keeps writing status.
+    replicas[leading].stop();
+    let survivor = if leading == 0 {
+        "replica-b"
+    } else {
+        "replica-a"
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the other replica to take the lease",
+        || (holder()? == survivor).then_some(()),
+    );
+    apply(&format!(
+        "apiVersion: initium.dev/v1alpha1\nkind: MutationRule\nmetadata: {{name: later, namespace: {team}}}\nspec:\n  match: {{kinds: [Pod]}}\n  mutations: [{{merge: {{metadata: {{labels: {{later: \"yes\"}}}}}}}}]\n"
+    ));
+    eventually(
+        Duration::from_secs(10),
+        "the new leader to write status",
+        || (ready_status("mr", Some(&team), "later")? == "True").then_some(()),
+    );
+}
