@@ -594,16 +594,9 @@ spec:
     );
 }
 
-#[test]
-fn with_initium_stopped_ignore_rules_let_pods_through_and_fail_rules_reject_them() {
-    let _serial = serial();
-    install_crds();
-    clean_cluster();
-    let own = namespace("initium-own");
-    let mut initium = Initium::start(&unique("initium-e2e"), &own, &[]);
-    let soft = namespace("soft");
-    let strict = namespace("strict");
-    apply(&format!(
+/// An `Ignore` rule in `soft` and a `Fail` rule in `strict`, each adding a label to Pods.
+fn optional_and_required_rules(soft: &str, strict: &str) -> String {
+    format!(
         r#"apiVersion: initium.dev/v1alpha1
 kind: MutationRule
 metadata: {{name: optional, namespace: {soft}}}
@@ -619,7 +612,19 @@ spec:
   match: {{kinds: [Pod]}}
   mutations: [{{merge: {{metadata: {{labels: {{strict: "yes"}}}}}}}}]
 "#
-    ));
+    )
+}
+
+#[test]
+fn with_initium_stopped_ignore_rules_let_pods_through_and_fail_rules_reject_them() {
+    let _serial = serial();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let mut initium = Initium::start(&unique("initium-e2e"), &own, &[]);
+    let soft = namespace("soft");
+    let strict = namespace("strict");
+    apply(&optional_and_required_rules(&soft, &strict));
     eventually(Duration::from_secs(5), "both rules in effect", || {
         (dry_run(&pod_yaml(&soft, "p"))["metadata"]["labels"]["soft"] == "yes"
             && dry_run(&pod_yaml(&strict, "p"))["metadata"]["labels"]["strict"] == "yes")
@@ -659,23 +664,7 @@ fn a_tiny_budget_warns_for_ignore_rules_and_denies_for_fail_rules() {
     let _initium = Initium::start(&unique("initium-e2e"), &own, &["--budget", "0ms"]);
     let soft = namespace("soft");
     let strict = namespace("strict");
-    apply(&format!(
-        r#"apiVersion: initium.dev/v1alpha1
-kind: MutationRule
-metadata: {{name: optional, namespace: {soft}}}
-spec:
-  match: {{kinds: [Pod]}}
-  mutations: [{{merge: {{metadata: {{labels: {{soft: "yes"}}}}}}}}]
----
-apiVersion: initium.dev/v1alpha1
-kind: MutationRule
-metadata: {{name: required, namespace: {strict}}}
-spec:
-  failurePolicy: Fail
-  match: {{kinds: [Pod]}}
-  mutations: [{{merge: {{metadata: {{labels: {{strict: "yes"}}}}}}}}]
-"#
-    ));
+    apply(&optional_and_required_rules(&soft, &strict));
     let out = eventually(Duration::from_secs(5), "the budget warning", || {
         let out = kubectl_stdin(
             &["create", "--dry-run=server", "-f", "-", "-o", "json"],

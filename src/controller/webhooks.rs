@@ -175,7 +175,8 @@ pub struct RuleNeeds {
     pub kinds: Vec<KindPattern>,
     pub operations: Vec<Operation>,
     pub failure_policy: FailurePolicy,
-    /// A MutationRule, or a rule limited to literal namespaces: only namespaced objects.
+    /// A MutationRule: only namespaced objects of its namespace. (A ClusterMutationRule
+    /// limited to namespaces also gets Namespace objects, by their own name.)
     pub namespaced_only: bool,
     /// The namespaces the rule is limited to, when they are known names (a MutationRule's
     /// own namespace, or a ClusterMutationRule's literal `namespaces`); `None`: any.
@@ -192,7 +193,7 @@ impl RuleNeeds {
             kinds: rule.kinds().to_vec(),
             operations: rule.operations().to_vec(),
             failure_policy: rule.failure_policy,
-            namespaced_only: namespaces.is_some(),
+            namespaced_only: rule.id.namespace.is_some(),
             namespaces,
         }
     }
@@ -213,8 +214,14 @@ fn coverage(rules: &[RuleNeeds], served: &Served, policy: FailurePolicy) -> Cove
     for rule in rules.iter().filter(|r| r.failure_policy == policy) {
         for pattern in &rule.kinds {
             for resource in served.matching(pattern) {
+                // A rule limited to namespaces never applies to cluster-scoped objects,
+                // except a ClusterMutationRule to Namespace objects (by their own name).
+                let namespace_object =
+                    resource.gvk.group.is_empty() && resource.gvk.kind == "Namespace";
+                let cluster_scoped_excluded =
+                    rule.namespaced_only || (rule.namespaces.is_some() && !namespace_object);
                 if resource.never_intercepted().is_some()
-                    || (rule.namespaced_only && !resource.namespaced)
+                    || (!resource.namespaced && cluster_scoped_excluded)
                 {
                     continue;
                 }
@@ -804,6 +811,22 @@ mod tests {
         assert_eq!(
             requirement.values.as_deref().unwrap(),
             ["audit", "initium-system", "kube-system"]
+        );
+    }
+
+    #[test]
+    fn a_cluster_rule_limited_to_namespaces_still_gets_namespace_objects() {
+        let mut limited = needs(&["*"], &[Operation::Create], FailurePolicy::Ignore);
+        limited.namespaces = Some(vec!["team-a".into()]);
+        assert_eq!(
+            summary(&mutating(&[limited])),
+            [
+                "ignore.initium.dev: /v1 configmaps,namespaces,pods [CREATE]",
+                "ignore.initium.dev: apps/v1 deployments [CREATE]",
+                "ignore.initium.dev: autoscaling/v1 horizontalpodautoscalers [CREATE]",
+                "ignore.initium.dev: autoscaling/v2 horizontalpodautoscalers [CREATE]",
+            ],
+            "namespaced kinds and Namespaces, no other cluster-scoped kind"
         );
     }
 
