@@ -65,3 +65,99 @@ fn kustomize_base_passes_a_server_side_dry_run() {
     }
     assert!(out.contains("(server dry run)"), "{out}");
 }
+
+#[test]
+fn the_service_account_may_do_what_initium_does_and_nothing_more() {
+    let rbac = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml");
+    let _ = support::kubectl()
+        .args(["create", "namespace", "initium-system"])
+        .output();
+    kubectl_ok(&["apply", "-n", "initium-system", "-f", rbac]);
+    // kubectl resolves resource names through discovery, so the CRDs must be there.
+    kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "-f",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/crds"),
+    ]);
+    let sa = "--as=system:serviceaccount:initium-system:initium";
+    // A fresh discovery cache for every question: kubectl's cache may predate the CRDs.
+    let cache = tempfile::tempdir().expect("a temporary directory");
+    let cache_dir = format!("--cache-dir={}", cache.path().display());
+    let can = |args: &[&str]| {
+        let _ = std::fs::remove_dir_all(cache.path());
+        let mut full = vec!["auth", "can-i", sa, &cache_dir];
+        full.extend_from_slice(args);
+        let out = support::kubectl()
+            .args(&full)
+            .output()
+            .expect("kubectl runs");
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    // The RBAC authorizer sees new bindings through its informers, a moment later.
+    let started = std::time::Instant::now();
+    while !can(&["list", "clustermutationrules.initium.dev"])
+        && started.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for allowed in [
+        &["watch", "mutationrules.initium.dev", "--all-namespaces"][..],
+        &["list", "clustermutationrules.initium.dev"],
+        &[
+            "patch",
+            "mutationrules.initium.dev",
+            "--subresource=status",
+            "-n",
+            "team",
+        ],
+        &[
+            "patch",
+            "clustermutationrules.initium.dev",
+            "--subresource=status",
+        ],
+        &["watch", "namespaces"],
+        &["watch", "customresourcedefinitions.apiextensions.k8s.io"],
+        &[
+            "create",
+            "mutatingwebhookconfigurations.admissionregistration.k8s.io",
+        ],
+        &[
+            "patch",
+            "mutatingwebhookconfigurations.admissionregistration.k8s.io/initium",
+        ],
+        &[
+            "patch",
+            "validatingwebhookconfigurations.admissionregistration.k8s.io/initium",
+        ],
+        &[
+            "update",
+            "leases.coordination.k8s.io",
+            "-n",
+            "initium-system",
+        ],
+        &["create", "secrets", "-n", "initium-system"],
+    ] {
+        assert!(
+            can(allowed),
+            "the ServiceAccount needs: {}",
+            allowed.join(" ")
+        );
+    }
+    for denied in [
+        &["create", "pods", "-n", "team"][..],
+        &["get", "secrets", "-n", "kube-system"],
+        &[
+            "patch",
+            "mutatingwebhookconfigurations.admissionregistration.k8s.io/someone-else",
+        ],
+        &["update", "mutationrules.initium.dev", "-n", "team"],
+        &["delete", "namespaces"],
+    ] {
+        assert!(
+            !can(denied),
+            "least privilege: the ServiceAccount must not: {}",
+            denied.join(" ")
+        );
+    }
+}
