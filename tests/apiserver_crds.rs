@@ -15,8 +15,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use initium::api::{ClusterMutationRule, MutationRule, RuleStatus};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -123,18 +122,7 @@ fn poll<T>(
     }
 }
 
-/// A name nobody else in this cluster uses: `<prefix>-<counter>-<random-ish hex>`.
-fn unique(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!(
-        "{prefix}-{}-{:x}",
-        COUNTER.fetch_add(1, Ordering::Relaxed),
-        (nanos ^ std::process::id().rotate_left(16)) & 0xff_ffff
-    )
-}
+use support::unique;
 
 /// Collapses all whitespace to single spaces (kubectl wraps long text).
 fn one_line(text: &str) -> String {

@@ -12,8 +12,7 @@ mod support;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::routing::post;
@@ -51,17 +50,7 @@ async fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().await
 }
 
-fn unique(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!(
-        "{prefix}-{}-{:x}",
-        COUNTER.fetch_add(1, Ordering::Relaxed),
-        (nanos ^ std::process::id().rotate_left(16)) & 0xff_ffff
-    )
-}
+use support::unique;
 
 /// Calls `attempt` until it returns `Ok`, at most for `timeout`; the panic says what was
 /// awaited and what the last attempt saw.

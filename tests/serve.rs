@@ -122,14 +122,7 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-fn unique(prefix: &str) -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id() % 10_000,
-        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    )
-}
+use support::unique;
 
 fn namespace(prefix: &str) -> String {
     let name = unique(prefix);

@@ -116,6 +116,19 @@ pub async fn client() -> kube::Client {
     kube::Client::try_from(config).expect("build kube client")
 }
 
+/// A name nobody else in this cluster uses: `<prefix>-<counter>-<random-ish hex>`.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}-{}-{:x}",
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        (nanos ^ std::process::id().rotate_left(16)) & 0xff_ffff
+    )
+}
+
 /// Creates a namespace named `<prefix>-<unique suffix>` and returns its name.
 pub async fn namespace(client: &kube::Client, prefix: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
