@@ -56,7 +56,8 @@ pub(crate) enum Mutation {
     ForEach {
         query: Query,
         mutations: Vec<Mutation>,
-        uses_element: bool,
+        /// No nested mutation renders a template, so each element is looked up once.
+        literal: bool,
     },
 }
 
@@ -155,11 +156,11 @@ pub(crate) fn compile(m: &api::Mutation, at: &str, errors: &mut Errors) -> Optio
             mutations.push(m);
         }
     }
-    let uses_element = mutations.iter().any(Mutation::uses_element);
+    let literal = mutations.iter().all(Mutation::is_literal);
     Some(Mutation::ForEach {
         query: query?,
         mutations,
-        uses_element,
+        literal,
     })
 }
 
@@ -326,18 +327,6 @@ fn compile_parts(p: &Parts, at: &str, in_for_each: bool, errors: &mut Errors) ->
 }
 
 impl Mutation {
-    fn uses_element(&self) -> bool {
-        match self {
-            Mutation::Merge(t) => t.uses_element(),
-            Mutation::Patch(steps) => steps
-                .iter()
-                .any(|s| s.value.as_ref().is_some_and(Template::uses_element)),
-            Mutation::Upsert { value, .. } => value.uses_element(),
-            Mutation::Rewrite { .. } => false,
-            Mutation::ForEach { uses_element, .. } => *uses_element,
-        }
-    }
-
     /// True when applying it renders no template.
     fn is_literal(&self) -> bool {
         match self {
@@ -360,12 +349,13 @@ impl Mutation {
         journal: &mut Journal,
     ) -> Result<(), String> {
         if let Mutation::ForEach {
-            query, mutations, ..
+            query,
+            mutations,
+            literal,
         } = self
         {
-            let literal = mutations.iter().all(Mutation::is_literal);
             for element in query.locate(doc) {
-                let result = if literal {
+                let result = if *literal {
                     // Nothing to render: look the element up once for all its mutations.
                     match element.get_mut(doc) {
                         Some(target) => mutations.iter().try_for_each(|m| {
