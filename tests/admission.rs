@@ -823,6 +823,60 @@ async fn metrics_are_openmetrics_text() {
         text.contains("# TYPE initium_admission_duration_seconds histogram"),
         "{text}"
     );
+    // A bucket at 250 µs: the share of requests answered within it reads straight off it.
+    assert_eq!(
+        sample(
+            &text,
+            r#"initium_admission_duration_seconds_bucket{le="0.00025",kind="Pod",operation="CREATE",result="mutated"}"#
+        )
+        .map(|count| count <= 1.0),
+        Some(true),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn every_answer_carries_its_server_time() {
+    let shared = shared(example_rules("test-ca"));
+    let cases = [
+        (
+            "/mutate",
+            serde_json::to_vec(&review("pod-create")).expect("json"),
+        ),
+        ("/mutate", b"not a review".to_vec()),
+        (
+            "/validate",
+            serde_json::to_vec(&review("mutationrule-create-valid")).expect("json"),
+        ),
+    ];
+    for (path, body) in cases {
+        let request = Request::builder()
+            .method("POST")
+            .uri(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body))
+            .expect("request");
+        let started = std::time::Instant::now();
+        let response = initium::admission::router(shared.clone())
+            .oneshot(request)
+            .await
+            .expect("infallible");
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let timing = response
+            .headers()
+            .get("server-timing")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_else(|| panic!("{path}: no Server-Timing header"))
+            .to_string();
+        let ms: f64 = timing
+            .strip_prefix("admission;dur=")
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("{path}: Server-Timing is {timing:?}"));
+        assert!(
+            ms >= 0.0 && ms <= elapsed_ms,
+            "{path}: server time {ms} ms, the whole call took {elapsed_ms} ms"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
