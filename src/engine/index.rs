@@ -2,6 +2,7 @@
 //! looking at rules for other kinds or other namespaces.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::kind::Gvk;
 use super::rule::CompiledRule;
@@ -50,17 +51,24 @@ impl Bucket {
     }
 }
 
-/// Every compiled rule, in the total order, plus lookup tables by kind.
+/// Every compiled rule, in the total order, plus lookup tables by kind. Rules are shared
+/// (`Arc`) with whoever compiled them: `initium serve` rebuilds the index on every rule change
+/// from the rules it keeps compiled, without copying them.
 #[derive(Default, Debug)]
 pub struct RuleIndex {
-    rules: Vec<CompiledRule>,
+    rules: Vec<Arc<CompiledRule>>,
     by_kind: HashMap<String, Bucket>,
     any_kind: Bucket,
 }
 
 impl RuleIndex {
-    pub fn new(mut rules: Vec<CompiledRule>) -> RuleIndex {
-        rules.sort_by(CompiledRule::order);
+    pub fn new(rules: Vec<CompiledRule>) -> RuleIndex {
+        RuleIndex::shared(rules.into_iter().map(Arc::new).collect())
+    }
+
+    /// An index of rules shared with the caller.
+    pub fn shared(mut rules: Vec<Arc<CompiledRule>>) -> RuleIndex {
+        rules.sort_by(|a, b| a.order(b));
         let mut index = RuleIndex::default();
         for (position, rule) in rules.iter().enumerate() {
             let position = position as u32;
@@ -89,7 +97,7 @@ impl RuleIndex {
         index
     }
 
-    pub fn rules(&self) -> &[CompiledRule] {
+    pub fn rules(&self) -> &[Arc<CompiledRule>] {
         &self.rules
     }
 
@@ -119,7 +127,7 @@ impl RuleIndex {
         positions.dedup();
         positions
             .into_iter()
-            .map(|p| &self.rules[p as usize])
+            .map(|p| &*self.rules[p as usize])
             .collect()
     }
 }

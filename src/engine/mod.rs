@@ -7,6 +7,7 @@ mod glob;
 mod index;
 mod journal;
 mod kind;
+mod literal;
 mod mutation;
 mod parse;
 mod path;

@@ -12,6 +12,7 @@ use crate::api::{self, PatchOp};
 
 use super::error::Errors;
 use super::journal::Journal;
+use super::literal::{self, Lit, MergePatch};
 use super::path::{Pointer, Query, type_name};
 use super::template::{Scope, Template};
 
@@ -417,17 +418,11 @@ impl Mutation {
     ) -> Result<(), String> {
         match self {
             Mutation::Merge(t) => {
-                let owned;
-                let patch = match (rendered, t.literal()) {
-                    (Rendered::One(v), _) => {
-                        owned = v;
-                        &owned
-                    }
-                    (_, Some(v)) => v,
+                match (rendered, t.literal()) {
+                    (Rendered::One(patch), _) => merge_into(target, base, &patch, journal),
+                    (_, Some(patch)) => merge_into(target, base, patch, journal),
                     (_, None) => return Err("merge patch was not rendered".into()),
-                };
-                merge_touches(base, Some(&*target), patch, journal);
-                json_patch::merge(target, patch);
+                }
                 Ok(())
             }
             Mutation::Upsert { path, key, value } => {
@@ -435,7 +430,7 @@ impl Mutation {
                     Rendered::One(v) => v,
                     _ => value
                         .literal()
-                        .cloned()
+                        .map(Lit::to_value)
                         .ok_or("upsert value was not rendered")?,
                 };
                 if value.get(key).is_none() {
@@ -484,7 +479,11 @@ impl Mutation {
                 for (i, step) in steps.iter().enumerate() {
                     let value = match values.next() {
                         Some(v) => v,
-                        None => step.value.as_ref().and_then(Template::literal).cloned(),
+                        None => step
+                            .value
+                            .as_ref()
+                            .and_then(Template::literal)
+                            .map(Lit::to_value),
                     };
                     step.apply_to(target, base, value.unwrap_or(Value::Null), journal)
                         .map_err(|e| format!("patch[{i}] {}: {e}", step.describe()))?;
@@ -509,17 +508,28 @@ enum Rendered {
 /// Records the parts of `target` a merge patch will change: it recurses where both the patch
 /// and the target are objects, and records each place the patch replaces, adds or removes
 /// something (places it would leave as they are are not recorded).
-fn merge_touches(at: &Pointer, target: Option<&Value>, patch: &Value, journal: &mut Journal) {
-    match (patch, target) {
-        (Value::Object(p), Some(Value::Object(t))) => {
-            for (key, value) in p {
+fn merge_touches<P: MergePatch>(
+    at: &Pointer,
+    target: Option<&Value>,
+    patch: &P,
+    journal: &mut Journal,
+) {
+    match (patch.entries(), target) {
+        (Some(entries), Some(Value::Object(t))) => {
+            for (key, value) in entries {
                 merge_touches(&at.child(key), t.get(key), value, journal);
             }
         }
-        (Value::Null, None) => {}
-        (patch, Some(current)) if !patch.is_object() && patch == current => {}
+        (None, None) if patch.is_null() => {}
+        (None, Some(current)) if patch.same_as(current) => {}
         (_, prior) => journal.record(at.clone(), prior),
     }
+}
+
+/// Merges `patch` (RFC 7396) into `target`, the value at `base`, recording what it changes.
+fn merge_into<P: MergePatch>(target: &mut Value, base: &Pointer, patch: &P, journal: &mut Journal) {
+    merge_touches(base, Some(&*target), patch, journal);
+    literal::merge(target, patch);
 }
 
 impl PatchStep {

@@ -4,6 +4,7 @@
 
 use serde_json::{Map, Value};
 
+use super::literal::Lit;
 use super::path::{Query, type_name};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -27,15 +28,15 @@ enum Part {
 
 #[derive(Clone, Debug, PartialEq)]
 enum Node {
-    Literal(Value),
+    Literal(Lit),
     Whole(Expr),
     Parts(Vec<Part>),
     Array(Vec<Node>),
     Object(Vec<(String, Node)>),
 }
 
-/// A mutation value with its templates compiled. Values without templates are kept as they
-/// are and rendered by a clone.
+/// A mutation value with its templates compiled. Values without templates are kept as
+/// compact literals ([`Lit`]) and rendered by building the `Value`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Template {
     node: Node,
@@ -62,7 +63,7 @@ impl Template {
     }
 
     /// The literal value, when there is no template in it.
-    pub fn literal(&self) -> Option<&Value> {
+    pub fn literal(&self) -> Option<&Lit> {
         match &self.node {
             Node::Literal(v) => Some(v),
             _ => None,
@@ -91,7 +92,7 @@ fn compile_node(
                 .map(|(i, v)| compile_node(v, &format!("{at}/{i}"), element_allowed, uses_element))
                 .collect::<Result<Vec<_>, _>>()?;
             if nodes.iter().all(|n| matches!(n, Node::Literal(_))) {
-                Node::Literal(value.clone())
+                Node::Literal(Lit::from_value(value))
             } else {
                 Node::Array(nodes)
             }
@@ -106,19 +107,19 @@ fn compile_node(
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             if nodes.iter().all(|(_, n)| matches!(n, Node::Literal(_))) {
-                Node::Literal(value.clone())
+                Node::Literal(Lit::from_value(value))
             } else {
                 Node::Object(nodes)
             }
         }
-        other => Node::Literal(other.clone()),
+        other => Node::Literal(Lit::from_value(other)),
     };
     Ok(node)
 }
 
 fn compile_string(s: &str, element_allowed: bool, uses_element: &mut bool) -> Result<Node, String> {
     if !s.contains("{{") {
-        return Ok(Node::Literal(Value::String(s.to_string())));
+        return Ok(Node::Literal(Lit::String(s.into())));
     }
     let mut parts = Vec::new();
     let mut rest = s;
@@ -166,7 +167,7 @@ fn compile_string(s: &str, element_allowed: bool, uses_element: &mut bool) -> Re
 
 fn render_node(node: &Node, scope: &Scope) -> Result<Value, String> {
     Ok(match node {
-        Node::Literal(v) => v.clone(),
+        Node::Literal(v) => v.to_value(),
         Node::Whole(expr) => select_one(expr, scope)?.clone(),
         Node::Parts(parts) => {
             let mut out = String::new();
@@ -314,6 +315,9 @@ mod tests {
     #[test]
     fn literals_stay_literal() {
         let t = Template::compile(&json!({"a": [1, "x"], "b": null}), false).unwrap();
-        assert_eq!(t.literal(), Some(&json!({"a": [1, "x"], "b": null})));
+        assert_eq!(
+            t.literal().map(Lit::to_value),
+            Some(json!({"a": [1, "x"], "b": null}))
+        );
     }
 }
