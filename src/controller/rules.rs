@@ -42,11 +42,12 @@ impl Verdict {
     }
 }
 
-/// Decides whether a rule is Ready, given what the API server serves.
+/// Decides whether a rule is Ready, given what the API server serves. `kinds` is
+/// `spec.match.kinds` as written (for the messages).
 pub fn verdict(
     id: &RuleId,
-    spec: &RuleSpec,
-    compiled: &Result<CompiledRule, RuleErrors>,
+    kinds: &[String],
+    compiled: &Result<Arc<CompiledRule>, RuleErrors>,
     served: &Served,
 ) -> Verdict {
     let rule = match compiled {
@@ -60,12 +61,7 @@ pub fn verdict(
     let mut not_served = Vec::new();
     let mut not_allowed = Vec::new();
     for (i, pattern) in rule.kinds().iter().enumerate() {
-        let text = spec
-            .match_
-            .kinds
-            .get(i)
-            .cloned()
-            .unwrap_or_else(|| pattern.to_string());
+        let text = kinds.get(i).cloned().unwrap_or_else(|| pattern.to_string());
         let field = format!("spec.match.kinds[{i}]");
         let matching: Vec<_> = served.matching(pattern).collect();
         if matching.is_empty() {
@@ -115,8 +111,8 @@ pub struct RuleView {
     pub id: RuleId,
     pub generation: Option<i64>,
     pub resource_version: Option<String>,
-    /// The status as last seen on the API server.
-    pub status: Option<RuleStatus>,
+    /// The status as last seen on the API server (shared with the rule table).
+    pub status: Option<Arc<RuleStatus>>,
     pub verdict: Verdict,
 }
 
@@ -129,6 +125,7 @@ pub struct Snapshot {
 /// A rule object of either kind, reduced to what the controller uses.
 struct Observed {
     id: RuleId,
+    uid: Option<String>,
     spec: RuleSpec,
     generation: Option<i64>,
     resource_version: Option<String>,
@@ -139,6 +136,7 @@ impl From<ClusterMutationRule> for Observed {
     fn from(rule: ClusterMutationRule) -> Observed {
         Observed {
             id: RuleId::cluster(&rule.name_any()),
+            uid: rule.metadata.uid,
             generation: rule.metadata.generation,
             resource_version: rule.metadata.resource_version,
             spec: rule.spec,
@@ -154,6 +152,7 @@ impl From<MutationRule> for Observed {
                 rule.metadata.namespace.as_deref().unwrap_or_default(),
                 rule.metadata.name.as_deref().unwrap_or_default(),
             ),
+            uid: rule.metadata.uid,
             generation: rule.metadata.generation,
             resource_version: rule.metadata.resource_version,
             spec: rule.spec,
@@ -162,10 +161,42 @@ impl From<MutationRule> for Observed {
     }
 }
 
+/// What the table keeps of a rule. Not its spec: that is compiled once and dropped (a spec's
+/// JSON values cost kilobytes; ten thousand rules must fit in tens of megabytes). Whether a
+/// later event brings a new spec is told by `spec_key`.
 struct Entry {
-    observed: Observed,
-    compiled: Result<CompiledRule, RuleErrors>,
+    spec_key: SpecKey,
+    /// `spec.match.kinds` as written, for the Ready condition's messages.
+    kinds: Vec<String>,
+    generation: Option<i64>,
+    resource_version: Option<String>,
+    status: Option<Arc<RuleStatus>>,
+    compiled: Result<Arc<CompiledRule>, RuleErrors>,
     verdict: Option<Verdict>,
+}
+
+/// Identifies a rule object's spec: its uid (a rule deleted and created again is a new rule)
+/// and a hash of the spec as JSON. Not the generation alone: a spec can read differently with
+/// the same generation (new defaults after a CRD upgrade).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SpecKey {
+    uid: Option<String>,
+    hash: u64,
+}
+
+impl SpecKey {
+    fn of(observed: &Observed) -> SpecKey {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        // Serializing a typed spec (string keys only) cannot fail.
+        serde_json::to_vec(&observed.spec)
+            .unwrap_or_default()
+            .hash(&mut hasher);
+        SpecKey {
+            uid: observed.uid.clone(),
+            hash: hasher.finish(),
+        }
+    }
 }
 
 /// Which of the two watches an event came from.
@@ -195,8 +226,9 @@ enum Input {
 struct RuleTable {
     entries: BTreeMap<RuleId, Entry>,
     served: Option<Arc<Served>>,
-    /// Objects listed so far by a watch that is (re)listing.
-    relisting: BTreeMap<Scope, Vec<Observed>>,
+    /// Rules listed so far by a watch that is (re)listing, already compiled: a list of ten
+    /// thousand rules never holds ten thousand specs at once.
+    relisting: BTreeMap<Scope, Vec<(RuleId, Entry, bool)>>,
     listed_cluster: bool,
     listed_namespaced: bool,
     /// The set of compiled rules or discovery changed: verdicts and the index are stale.
@@ -237,20 +269,22 @@ impl RuleTable {
                     self.relisting.insert(scope, Vec::new());
                 }
                 watcher::Event::InitApply(rule) => {
-                    self.relisting.entry(scope).or_default().push(rule);
+                    let staged = entry_for(self.entries.get(&rule.id), rule);
+                    self.relisting.entry(scope).or_default().push(staged);
                 }
                 watcher::Event::InitDone => {
                     let listed = self.relisting.remove(&scope).unwrap_or_default();
-                    let keep: BTreeSet<RuleId> = listed.iter().map(|r| r.id.clone()).collect();
+                    let keep: BTreeSet<&RuleId> = listed.iter().map(|(id, _, _)| id).collect();
                     let before = self.entries.len();
                     self.entries
                         .retain(|id, _| Scope::of(id) != scope || keep.contains(id));
                     if self.entries.len() != before {
                         self.index_stale = true;
-                        self.snapshot_stale = true;
                     }
-                    for rule in listed {
-                        self.upsert(rule);
+                    self.snapshot_stale = true;
+                    for (id, entry, compiled) in listed {
+                        self.index_stale |= compiled;
+                        self.entries.insert(id, entry);
                     }
                     match scope {
                         Scope::Cluster => self.listed_cluster = true,
@@ -274,27 +308,16 @@ impl RuleTable {
     fn upsert(&mut self, observed: Observed) {
         self.snapshot_stale = true;
         if let Some(entry) = self.entries.get_mut(&observed.id)
-            && entry.observed.spec == observed.spec
+            && entry.spec_key == SpecKey::of(&observed)
         {
-            entry.observed = observed;
+            entry.generation = observed.generation;
+            entry.resource_version = observed.resource_version;
+            entry.status = observed.status.map(Arc::new);
             return;
         }
-        let compiled = compile(observed.id.clone(), &observed.spec);
-        match &compiled {
-            Ok(_) => tracing::info!(rule = %observed.id.describe(), "rule compiled"),
-            Err(errors) => {
-                tracing::warn!(rule = %observed.id.describe(), errors = %errors, "rule is invalid")
-            }
-        }
+        let (id, entry, _) = entry_for(None, observed);
         self.index_stale = true;
-        self.entries.insert(
-            observed.id.clone(),
-            Entry {
-                observed,
-                compiled,
-                verdict: None,
-            },
-        );
+        self.entries.insert(id, entry);
     }
 
     /// Swaps in a new index if anything it depends on changed, and publishes the snapshot
@@ -319,7 +342,7 @@ impl RuleTable {
             let mut ready = Vec::new();
             let mut rule_needs = Vec::new();
             for (id, entry) in &mut self.entries {
-                let verdict = verdict(id, &entry.observed.spec, &entry.compiled, &served);
+                let verdict = verdict(id, &entry.kinds, &entry.compiled, &served);
                 if entry.verdict.as_ref() != Some(&verdict)
                     && let Verdict::KindNotServed(m) | Verdict::KindNotAllowed(m) = &verdict
                 {
@@ -333,7 +356,7 @@ impl RuleTable {
             }
             let total = self.entries.len();
             let ready_count = ready.len();
-            shared.rules.store(Arc::new(RuleIndex::new(ready)));
+            shared.rules.store(Arc::new(RuleIndex::shared(ready)));
             shared
                 .metrics
                 .set_rule_counts(ready_count as i64, (total - ready_count) as i64);
@@ -356,9 +379,9 @@ impl RuleTable {
                 .iter()
                 .map(|(id, entry)| RuleView {
                     id: id.clone(),
-                    generation: entry.observed.generation,
-                    resource_version: entry.observed.resource_version.clone(),
-                    status: entry.observed.status.clone(),
+                    generation: entry.generation,
+                    resource_version: entry.resource_version.clone(),
+                    status: entry.status.clone(),
                     verdict: entry.verdict.clone().unwrap_or(Verdict::Ready),
                 })
                 .collect();
@@ -372,6 +395,44 @@ impl RuleTable {
             readiness.done(part);
         }
     }
+}
+
+/// The table entry for a rule object: `current`'s compiled rule and verdict when the spec is
+/// the same, else the spec compiled anew (then `true`).
+fn entry_for(current: Option<&Entry>, observed: Observed) -> (RuleId, Entry, bool) {
+    let spec_key = SpecKey::of(&observed);
+    let status = observed.status.map(Arc::new);
+    if let Some(current) = current
+        && current.spec_key == spec_key
+    {
+        let entry = Entry {
+            spec_key,
+            kinds: current.kinds.clone(),
+            generation: observed.generation,
+            resource_version: observed.resource_version,
+            status,
+            compiled: current.compiled.clone(),
+            verdict: current.verdict.clone(),
+        };
+        return (observed.id, entry, false);
+    }
+    let compiled = compile(observed.id.clone(), &observed.spec).map(Arc::new);
+    match &compiled {
+        Ok(_) => tracing::info!(rule = %observed.id.describe(), "rule compiled"),
+        Err(errors) => {
+            tracing::warn!(rule = %observed.id.describe(), errors = %errors, "rule is invalid")
+        }
+    }
+    let entry = Entry {
+        spec_key,
+        kinds: observed.spec.match_.kinds,
+        generation: observed.generation,
+        resource_version: observed.resource_version,
+        status,
+        compiled,
+        verdict: None,
+    };
+    (observed.id, entry, true)
 }
 
 fn rule_events<K>(api: Api<K>, scope: Scope) -> impl Stream<Item = Input> + Send + 'static
@@ -455,8 +516,8 @@ mod tests {
     }
 
     fn verdict_of(id: RuleId, spec: &RuleSpec) -> Verdict {
-        let compiled = compile(id.clone(), spec);
-        verdict(&id, spec, &compiled, &served())
+        let compiled = compile(id.clone(), spec).map(Arc::new);
+        verdict(&id, &spec.match_.kinds, &compiled, &served())
     }
 
     #[test]
@@ -532,6 +593,7 @@ mod tests {
     fn observed(id: RuleId, kinds: &[&str]) -> Observed {
         Observed {
             id,
+            uid: Some("8d4b2c6e-0000-4000-8000-000000000001".into()),
             spec: spec(kinds),
             generation: Some(1),
             resource_version: Some("1".into()),
@@ -575,6 +637,39 @@ mod tests {
         table.upsert(again);
         assert!(table.snapshot_stale);
         assert!(!table.index_stale);
+    }
+
+    #[test]
+    fn a_new_spec_or_a_recreated_rule_is_compiled_again() {
+        let mut table = RuleTable::default();
+        let id = RuleId::cluster("r");
+        table.upsert(observed(id.clone(), &["Pod"]));
+        let compiled = |table: &RuleTable| match &table.entries[&id].compiled {
+            Ok(rule) => Arc::clone(rule),
+            Err(e) => panic!("{e}"),
+        };
+        let first = compiled(&table);
+
+        table.index_stale = false;
+        table.upsert(observed(id.clone(), &["Pod"]));
+        assert!(!table.index_stale);
+        assert!(Arc::ptr_eq(&first, &compiled(&table)), "same spec: kept");
+
+        table.upsert(observed(id.clone(), &["Pod", "ConfigMap"]));
+        assert!(table.index_stale, "a changed spec rebuilds the index");
+        assert_eq!(compiled(&table).kinds().len(), 2);
+        assert_eq!(table.entries[&id].kinds, ["Pod", "ConfigMap"]);
+
+        table.index_stale = false;
+        let second = compiled(&table);
+        let mut recreated = observed(id.clone(), &["Pod", "ConfigMap"]);
+        recreated.uid = Some("8d4b2c6e-0000-4000-8000-000000000002".into());
+        table.upsert(recreated);
+        assert!(
+            table.index_stale,
+            "a new object with the same name and spec"
+        );
+        assert!(!Arc::ptr_eq(&second, &compiled(&table)));
     }
 
     #[test]

@@ -68,7 +68,7 @@ fn truncate(message: &str) -> String {
 /// `lastTransitionTime` when `Ready` flips (or appears).
 pub fn desired_status(view: &RuleView, now: &Time) -> Option<RuleStatus> {
     let mut wanted = ready_condition(&view.verdict, view.generation, now);
-    let current = view.status.clone().unwrap_or_default();
+    let current = view.status.as_deref().cloned().unwrap_or_default();
     let existing = current.conditions.iter().find(|c| c.type_ == READY);
     if let Some(existing) = existing {
         let same = existing.status == wanted.status
@@ -121,6 +121,18 @@ async fn write(client: &Client, view: &RuleView, status: &RuleStatus) -> Result<
     Ok(())
 }
 
+/// A status written over a resourceVersion, hashed.
+fn fingerprint(view: &RuleView, status: &RuleStatus) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    view.resource_version.hash(&mut hasher);
+    // Serializing a status (string keys only) cannot fail.
+    serde_json::to_vec(status)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
 /// While this replica holds the Lease, brings every rule's status in line with its verdict,
 /// after every snapshot and on gaining the Lease; failed writes are retried with backoff.
 pub(crate) async fn run(
@@ -129,9 +141,10 @@ pub(crate) async fn run(
     mut leader: Leader,
     mut stop: Stop,
 ) -> Result<(), ControllerError> {
-    // What was written last per rule, and the resourceVersion it was written over: until the
-    // watch brings the new version, the same status is not written again.
-    let mut written: HashMap<RuleId, (Option<String>, RuleStatus)> = HashMap::new();
+    // What was written last per rule, with the resourceVersion it was written over (a hash of
+    // both: ten thousand rules' statuses are not kept twice): until the watch brings the new
+    // version, the same status is not written again.
+    let mut written: HashMap<RuleId, u64> = HashMap::new();
     let mut retry: Option<Duration> = None;
     let mut failures = 0u32;
     loop {
@@ -153,15 +166,14 @@ pub(crate) async fn run(
             continue;
         }
         let current = snapshot.borrow_and_update().clone();
-        written.retain(|id, _| current.rules.iter().any(|r| &r.id == id));
+        // The snapshot is sorted by id.
+        written.retain(|id, _| current.rules.binary_search_by(|r| r.id.cmp(id)).is_ok());
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let work: Vec<(RuleView, RuleStatus)> = current
             .rules
             .iter()
             .filter_map(|view| desired_status(view, &now).map(|status| (view.clone(), status)))
-            .filter(|(view, status)| {
-                written.get(&view.id) != Some(&(view.resource_version.clone(), status.clone()))
-            })
+            .filter(|(view, status)| written.get(&view.id) != Some(&fingerprint(view, status)))
             .collect();
         if work.is_empty() {
             continue;
@@ -182,7 +194,7 @@ pub(crate) async fn run(
             match result {
                 Ok(()) => {
                     tracing::debug!(rule = %view.id.describe(), ready = view.verdict.is_ready(), "status written");
-                    written.insert(view.id.clone(), (view.resource_version.clone(), status));
+                    written.insert(view.id.clone(), fingerprint(&view, &status));
                 }
                 // Changed or deleted since seen: the watch brings the news, then we decide again.
                 Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
@@ -217,7 +229,7 @@ mod tests {
             id: RuleId::cluster("r"),
             generation: Some(generation),
             resource_version: Some("1".into()),
-            status,
+            status: status.map(Arc::new),
             verdict,
         }
     }
