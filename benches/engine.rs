@@ -2,6 +2,7 @@
 //! of which 10 match: evaluate every rule and write the JSON patch. Run with
 //! `cargo bench --bench engine`. It uses the allocator the `initium` binary uses.
 
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

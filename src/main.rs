@@ -3,7 +3,11 @@ use std::process::ExitCode;
 use clap::Parser;
 
 // mimalloc: admission work is dominated by small allocations of JSON values; measured
-// faster than the system allocator in the engine benchmark (BENCHMARKS.md).
+// faster than the system allocator in the engine benchmark (BENCHMARKS.md). Without the
+// `mimalloc` feature the system allocator is used (for heap profilers). mimalloc reads its
+// options from the environment before `main`: deploy/ sets MIMALLOC_ARENA_EAGER_COMMIT=0,
+// which saves about 12 MiB of resident memory (docs/operations.md).
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
