@@ -133,6 +133,24 @@ pub fn matching_rules() -> Vec<Value> {
     ]
 }
 
+/// Namespaced kinds every API server serves, other than Pods: the kinds of the rules that a
+/// large cluster holds for other objects. (Served kinds, because on a real API server a rule
+/// for a kind nobody serves is not Ready and never enters the index.)
+const OTHER_KINDS: [&str; 12] = [
+    "ConfigMap",
+    "Secret",
+    "Service",
+    "ServiceAccount",
+    "PersistentVolumeClaim",
+    "apps/v1/StatefulSet",
+    "apps/v1/DaemonSet",
+    "apps/v1/ReplicaSet",
+    "batch/v1/Job",
+    "batch/v1/CronJob",
+    "networking.k8s.io/v1/Ingress",
+    "policy/v1/PodDisruptionBudget",
+];
+
 /// `total` rules, of which the 10 of `matching_rules()` match `pod()`. The others are what a
 /// large cluster holds: rules for other kinds, MutationRules of other namespaces, and
 /// ClusterMutationRules limited to other namespaces.
@@ -154,7 +172,7 @@ pub fn rules(total: usize) -> Vec<Value> {
                 "ClusterMutationRule",
                 None,
                 &format!("other-kind-{i}"),
-                spec(json!([format!("example.com/v1/Kind{i}")]), json!({})),
+                spec(json!([OTHER_KINDS[(i / 3) % OTHER_KINDS.len()]]), json!({})),
             ),
             1 => rule(
                 "MutationRule",

@@ -1,0 +1,589 @@
+//! End-to-end benchmark: Pod CREATE latency through a real kube-apiserver, with the same
+//! mutation done by nobody, by the in-tree MutatingAdmissionPolicy, by initium, and by initium
+//! among 1,000 rules that do not match (and, with `--kyverno`, by Kyverno).
+//!
+//! Every configuration lives in its own namespace of one control plane, all set up before the
+//! first measurement, so switching between them costs nothing and they can alternate: each
+//! round creates `--batch` Pods in every configuration's namespace, in an order that rotates
+//! every round, `--concurrency` creates in flight. Machine noise (another process, a GC in the
+//! API server, etcd's fsync) then lands on all of them alike.
+//!
+//! | config | namespace | what mutates its Pods |
+//! |---|---|---|
+//! | none | bench-none | nothing (initium's webhook excludes the namespace) |
+//! | map | bench-map | a MutatingAdmissionPolicy (v1beta1, ApplyConfiguration) bound by namespace label |
+//! | initium | bench-initium | an initium MutationRule |
+//! | initium-1000 | bench-initium-1000 | the same MutationRule, and 1,000 MutationRules for Pods in that namespace that do not match (labels, names, JSONPath conditions) |
+//! | kyverno | bench-kyverno | a Kyverno ClusterPolicy (`--kyverno`; see scripts/bench.d/kyverno) |
+//!
+//! The mutation (what examples/test-ca does): a `test-ca` Secret volume, its mount in every
+//! container, and an annotation with the Pod's namespace. Before measuring, one Pod per
+//! configuration is checked: mutated exactly where it should be.
+//!
+//!     scripts/bench e2e --pods 500 --concurrency 4
+//!     cargo bench --bench e2e -- --pods 500 --concurrency 4
+
+mod cluster;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+use cluster::{Initium, InitiumOptions, Percentiles, Plane, mib, round};
+
+/// Pod CREATE latency through the API server: no mutation, MutatingAdmissionPolicy, initium.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Measured Pods per configuration.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=20_000))]
+    pods: u32,
+    /// Creates in flight at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    concurrency: u32,
+    /// Pods per configuration per round.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    batch: u32,
+    /// Unmeasured Pods per configuration first.
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    warmup: u32,
+    /// Non-matching rules beside the rule in the `initium-1000` configuration.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(0..=20_000))]
+    other_rules: u32,
+    /// Add the `kyverno` configuration (builds Kyverno from Go modules on first use).
+    #[arg(long)]
+    kyverno: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("e2e benchmark failed: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// One configuration: a name and the namespace its Pods are created in.
+#[derive(Clone, Debug)]
+struct Config {
+    name: &'static str,
+    namespace: &'static str,
+    /// Whether its Pods must come out mutated.
+    mutates: bool,
+}
+
+const NONE: Config = Config {
+    name: "none",
+    namespace: "bench-none",
+    mutates: false,
+};
+const MAP: Config = Config {
+    name: "map",
+    namespace: "bench-map",
+    mutates: true,
+};
+const INITIUM: Config = Config {
+    name: "initium",
+    namespace: "bench-initium",
+    mutates: true,
+};
+const INITIUM_1000: Config = Config {
+    name: "initium-1000",
+    namespace: "bench-initium-1000",
+    mutates: true,
+};
+const KYVERNO: Config = Config {
+    name: "kyverno",
+    namespace: "bench-kyverno",
+    mutates: true,
+};
+
+/// The MutatingAdmissionPolicy doing what the initium rule does, bound to `bench-map` by label.
+const MAP_POLICY: &str = r#"
+apiVersion: admissionregistration.k8s.io/v1beta1
+kind: MutatingAdmissionPolicy
+metadata:
+  name: bench-test-ca
+spec:
+  failurePolicy: Ignore
+  reinvocationPolicy: Never
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [""]
+      apiVersions: ["v1"]
+      operations: ["CREATE"]
+      resources: ["pods"]
+  mutations:
+  - patchType: ApplyConfiguration
+    applyConfiguration:
+      expression: >
+        Object{
+          metadata: Object.metadata{
+            annotations: {"certs.example.com/namespace": request.namespace}
+          },
+          spec: Object.spec{
+            volumes: [Object.spec.volumes{name: "test-ca", secret: Object.spec.volumes.secret{secretName: "test-ca"}}],
+            containers: object.spec.containers.map(c, Object.spec.containers{
+              name: c.name,
+              volumeMounts: [Object.spec.containers.volumeMounts{name: "test-ca", mountPath: "/etc/ssl/test", readOnly: true}]
+            })
+          }
+        }
+---
+apiVersion: admissionregistration.k8s.io/v1beta1
+kind: MutatingAdmissionPolicyBinding
+metadata:
+  name: bench-test-ca
+spec:
+  policyName: bench-test-ca
+  matchResources:
+    namespaceSelector:
+      matchLabels:
+        initium-bench: map
+"#;
+
+/// The initium rule: examples/test-ca's mutation.
+fn test_ca_rule(namespace: &str) -> Value {
+    json!({
+        "apiVersion": "initium.dev/v1alpha1",
+        "kind": "MutationRule",
+        "metadata": {"name": "test-ca", "namespace": namespace},
+        "spec": {
+            "match": {"kinds": ["Pod"]},
+            "mutations": [
+                {"upsert": {"path": "/spec/volumes", "key": "name", "value": {"name": "test-ca", "secret": {"secretName": "test-ca"}}}},
+                {"forEach": "$.spec.containers[*]", "mutations": [
+                    {"upsert": {"path": "/volumeMounts", "key": "name", "value": {"name": "test-ca", "mountPath": "/etc/ssl/test", "readOnly": true}}}
+                ]},
+                {"patch": [{"op": "add", "path": "/metadata/annotations/certs.example.com~1namespace", "value": "{{ $.metadata.namespace }}"}]}
+            ]
+        }
+    })
+}
+
+/// `count` MutationRules for Pods in `namespace` that never match the benchmark's Pods, so
+/// initium has to look at each of them: a third fail on labels, a third on names, a third on
+/// a JSONPath condition over the images.
+fn other_rules(namespace: &str, count: u32) -> Vec<Value> {
+    (0..count)
+        .map(|i| {
+            let matching = match i % 3 {
+                0 => json!({"match": {"kinds": ["Pod"], "labels": {"matchLabels": {"app": format!("other-{i}")}}}}),
+                1 => json!({"match": {"kinds": ["Pod"], "names": [format!("batch-{i}-*")]}}),
+                _ => json!({"match": {"kinds": ["Pod"]}, "conditions": [
+                    {"path": "$.spec.containers[*].image", "matches": format!("^registry\\.other/team-{i}/")}
+                ]}),
+            };
+            let mut spec = matching;
+            spec["mutations"] = json!([{"merge": {"metadata": {"labels": {format!("other-{i}"): "x"}}}}]);
+            json!({
+                "apiVersion": "initium.dev/v1alpha1",
+                "kind": "MutationRule",
+                "metadata": {"name": format!("other-{i}"), "namespace": namespace},
+                "spec": spec,
+            })
+        })
+        .collect()
+}
+
+fn pod(name: &str) -> Result<Pod> {
+    // Two containers, as a Pod with a sidecar; labels as a Deployment would leave them.
+    let value = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "web", "pod-template-hash": "5d8f7c9b6"}},
+        "spec": {
+            "containers": [
+                {"name": "app", "image": "registry.example.com/shop/web:1.4.2",
+                 "ports": [{"containerPort": 8080}],
+                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
+                {"name": "proxy", "image": "registry.example.com/proxy:2.1",
+                 "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}}}
+            ]
+        }
+    });
+    serde_json::from_value(value).context("the benchmark's Pod")
+}
+
+/// Whether a stored Pod carries the mutation (volume, mounts in every container, annotation).
+fn is_mutated(pod: &Pod, namespace: &str) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    let volume = spec.volumes.iter().flatten().any(|v| {
+        v.name == "test-ca"
+            && v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some("test-ca")
+    });
+    let mounts = spec.containers.iter().all(|c| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "test-ca" && m.mount_path == "/etc/ssl/test")
+    });
+    let annotation = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("certs.example.com/namespace"))
+        .map(String::as_str)
+        == Some(namespace);
+    volume && mounts && annotation
+}
+
+fn run(args: &Args) -> Result<()> {
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut configs = vec![NONE, MAP, INITIUM, INITIUM_1000];
+    if args.kyverno {
+        configs.push(KYVERNO);
+    }
+
+    let kyverno_script = cluster::root().join("scripts/bench.d/kyverno");
+    if args.kyverno {
+        // The first build takes minutes; its progress goes to stderr.
+        let status = std::process::Command::new(&kyverno_script)
+            .arg("build")
+            .status()
+            .context("cannot run scripts/bench.d/kyverno build")?;
+        if !status.success() {
+            bail!("scripts/bench.d/kyverno build failed ({status})");
+        }
+    }
+
+    let plane = Plane::up("e2e")?;
+    plane.install_crds()?;
+    let client = runtime.block_on(plane.client())?;
+    for config in &configs {
+        let labels: &[(&str, &str)] = match config.name {
+            "map" => &[("initium-bench", "map")],
+            "kyverno" => &[("initium-bench", "kyverno")],
+            _ => &[],
+        };
+        plane.namespace(config.namespace, labels)?;
+    }
+    plane.apply(MAP_POLICY)?;
+
+    let mut rules = vec![
+        test_ca_rule(INITIUM.namespace),
+        test_ca_rule(INITIUM_1000.namespace),
+    ];
+    rules.extend(other_rules(INITIUM_1000.namespace, args.other_rules));
+    let started = Instant::now();
+    runtime.block_on(cluster::create_rules(&client, &rules, 16))?;
+    eprintln!(
+        "bench: created {} rules in {:.1}s",
+        rules.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    let log = std::env::temp_dir().join(format!("initium-bench-e2e-{}.log", std::process::id()));
+    let mut extra = vec!["--exclude-namespace".to_string(), "kube-system".to_string()];
+    for config in &configs {
+        if !config.name.starts_with("initium") {
+            extra.push("--exclude-namespace".into());
+            extra.push(config.namespace.into());
+        }
+    }
+    let initium = Initium::start(
+        &plane,
+        InitiumOptions {
+            namespace: "initium-bench".into(),
+            extra,
+            cpus: None,
+            log: log.clone(),
+        },
+    )?;
+    eprintln!(
+        "bench: initium serving (pid {}), log {}",
+        initium.pid(),
+        log.display()
+    );
+    let kyverno = if args.kyverno {
+        Some(Kyverno::start(&plane, &kyverno_script)?)
+    } else {
+        None
+    };
+    let want = rules.len();
+    cluster::eventually(
+        Duration::from_secs(600),
+        Duration::from_secs(1),
+        "every rule's Ready status",
+        || Ok((runtime.block_on(cluster::ready_rules(&client))? >= want).then_some(())),
+    )?;
+
+    // Each configuration in effect: a dry-run Pod comes back mutated exactly where it should.
+    for config in &configs {
+        cluster::eventually(
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            &format!("the {} configuration to take effect", config.name),
+            || {
+                let api: Api<Pod> = Api::namespaced(client.clone(), config.namespace);
+                let created = runtime.block_on(api.create(
+                    &PostParams {
+                        dry_run: true,
+                        ..PostParams::default()
+                    },
+                    &pod("dry-run")?,
+                ))?;
+                Ok((is_mutated(&created, config.namespace) == config.mutates).then_some(()))
+            },
+        )?;
+    }
+    eprintln!("bench: every configuration is in effect");
+
+    let measured = runtime.block_on(measure(args, &client, &configs))?;
+    let memory = Memory {
+        initium_peak_kib: initium.memory()?.peak_kib,
+        kyverno_peak_kib: match &kyverno {
+            Some(k) => Some(cluster::memory(k.child.id())?.peak_kib),
+            None => None,
+        },
+    };
+    drop(kyverno);
+    drop(initium);
+    drop(plane);
+    report(args, &configs, measured, memory)
+}
+
+/// Peak resident memory of the webhook servers over the run (VmHWM).
+struct Memory {
+    initium_peak_kib: u64,
+    kyverno_peak_kib: Option<u64>,
+}
+
+/// Kyverno's admission controller, run out of cluster by `scripts/bench.d/kyverno run`, with
+/// the policy of scripts/bench.d/kyverno-policy.yaml; its webhooks see only namespaces
+/// labelled `initium-bench=kyverno`. Stopped when dropped, its webhook configurations deleted.
+struct Kyverno {
+    child: std::process::Child,
+    cleanup: std::process::Command,
+}
+
+impl Kyverno {
+    fn start(plane: &Plane, script: &std::path::Path) -> Result<Kyverno> {
+        let port = cluster::free_port()?;
+        let log =
+            std::env::temp_dir().join(format!("kyverno-bench-e2e-{}.log", std::process::id()));
+        let child = std::process::Command::new(script)
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&plane.kubeconfig)
+            .args(["--namespace", "kyverno", "--port", &port.to_string()])
+            .arg("--log")
+            .arg(&log)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("cannot start scripts/bench.d/kyverno run")?;
+        let mut cleanup = std::process::Command::new(script);
+        cleanup
+            .arg("cleanup")
+            .arg("--kubeconfig")
+            .arg(&plane.kubeconfig)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let mut kyverno = Kyverno { child, cleanup };
+        eprintln!(
+            "bench: kyverno starting (pid {}), log {}",
+            kyverno.child.id(),
+            log.display()
+        );
+        let url = format!("https://127.0.0.1:{port}/health/readiness");
+        cluster::eventually(
+            Duration::from_secs(180),
+            Duration::from_millis(200),
+            "kyverno's readiness",
+            || {
+                if let Ok(Some(status)) = kyverno.child.try_wait() {
+                    bail!("kyverno exited ({status}); see {}", log.display());
+                }
+                let ready = std::process::Command::new("curl")
+                    .args(["-fsk", "--max-time", "2", "-o", "/dev/null", &url])
+                    .status()
+                    .is_ok_and(|s| s.success());
+                Ok(ready.then_some(()))
+            },
+        )?;
+        let policy =
+            std::fs::read_to_string(cluster::root().join("scripts/bench.d/kyverno-policy.yaml"))?;
+        // Kyverno's own webhook validates policies: it may take a moment to be registered.
+        cluster::eventually(
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            "kyverno to accept the policy",
+            || Ok(plane.apply(&policy).ok()),
+        )?;
+        cluster::run(plane.kubectl().args([
+            "wait",
+            "--for=condition=Ready",
+            "--timeout=120s",
+            "clusterpolicy/initium-bench-test-ca",
+        ]))?;
+        Ok(kyverno)
+    }
+}
+
+impl Drop for Kyverno {
+    fn drop(&mut self) {
+        // `run` execs kyverno, so this is kyverno's pid.
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // It leaves its webhook configurations behind.
+        let _ = self.cleanup.status();
+    }
+}
+
+/// Latencies in microseconds, by configuration name.
+type Measured = BTreeMap<&'static str, Vec<u32>>;
+
+async fn measure(args: &Args, client: &kube::Client, configs: &[Config]) -> Result<Measured> {
+    let mut measured: Measured = configs.iter().map(|c| (c.name, Vec::new())).collect();
+    let warmup_rounds = args.warmup.div_ceil(args.batch);
+    let rounds = args.pods.div_ceil(args.batch);
+    let mut serial = 0u64;
+    for round in 0..warmup_rounds + rounds {
+        let first = round as usize % configs.len();
+        for i in 0..configs.len() {
+            let config = &configs[(first + i) % configs.len()];
+            let api: Api<Pod> = Api::namespaced(client.clone(), config.namespace);
+            let names: Vec<String> = (0..args.batch)
+                .map(|_| {
+                    serial += 1;
+                    format!("p-{serial}")
+                })
+                .collect();
+            let results: Vec<Result<(u32, Pod)>> =
+                futures::stream::iter(names.iter().map(|name| {
+                    let api = api.clone();
+                    async move {
+                        let pod = pod(name)?;
+                        let started = Instant::now();
+                        let created = api
+                            .create(&PostParams::default(), &pod)
+                            .await
+                            .with_context(|| format!("create Pod {}/{name}", config.namespace))?;
+                        let micros =
+                            u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX);
+                        Ok((micros, created))
+                    }
+                }))
+                .buffer_unordered(args.concurrency as usize)
+                .collect()
+                .await;
+            for result in results {
+                let (micros, created) = result?;
+                if is_mutated(&created, config.namespace) != config.mutates {
+                    bail!(
+                        "Pod {}/{} was {} mutated",
+                        config.namespace,
+                        created.metadata.name.unwrap_or_default(),
+                        if config.mutates {
+                            "not"
+                        } else {
+                            "unexpectedly"
+                        }
+                    );
+                }
+                if round >= warmup_rounds
+                    && let Some(samples) = measured.get_mut(config.name)
+                {
+                    samples.push(micros);
+                }
+            }
+        }
+        if round + 1 == warmup_rounds {
+            eprintln!("bench: warm-up done, measuring");
+        }
+    }
+    Ok(measured)
+}
+
+fn report(args: &Args, configs: &[Config], measured: Measured, memory: Memory) -> Result<()> {
+    let stats: BTreeMap<&str, Percentiles> = measured
+        .into_iter()
+        .map(|(name, samples)| (name, Percentiles::new(samples)))
+        .collect();
+    let get = |name: &str| stats.get(name).context("missing configuration");
+    println!("e2e benchmark: {}", cluster::machine());
+    println!(
+        "  Pod CREATE through kube-apiserver: {} Pods per configuration in rounds of {}, {} in flight",
+        args.pods, args.batch, args.concurrency
+    );
+    let none = get(NONE.name)?;
+    let mut figures = serde_json::Map::new();
+    for config in configs {
+        let s = get(config.name)?;
+        println!(
+            "  {:<13} mean {:6.3} ms  p50 {:6.3} ms  p90 {:6.3} ms  p99 {:6.3} ms  (+{:.3} ms p50 over none)",
+            config.name,
+            s.mean_ms(),
+            s.ms(0.5),
+            s.ms(0.9),
+            s.ms(0.99),
+            s.ms(0.5) - none.ms(0.5)
+        );
+        figures.insert(
+            config.name.to_string(),
+            json!({
+                "mean_ms": round(s.mean_ms(), 3),
+                "p50_ms": round(s.ms(0.5), 3),
+                "p90_ms": round(s.ms(0.9), 3),
+                "p99_ms": round(s.ms(0.99), 3),
+                "n": s.len(),
+            }),
+        );
+    }
+    let map = get(MAP.name)?;
+    let initium = get(INITIUM.name)?;
+    let ratio = |f: &dyn Fn(&Percentiles) -> f64| {
+        let (a, b, c) = (f(none), f(map), f(initium));
+        (c - a) / (b - a)
+    };
+    let ratio_p50 = ratio(&|s| s.ms(0.5));
+    let ratio_mean = ratio(&|s| s.mean_ms());
+    println!(
+        "  overhead ratio (initium - none) / (map - none): p50 {ratio_p50:.2}, mean {ratio_mean:.2} (goal <= 1.5)"
+    );
+    let initium_mib = mib(memory.initium_peak_kib);
+    let kyverno_mib = memory.kyverno_peak_kib.map(mib);
+    match kyverno_mib {
+        Some(k) => {
+            println!("  peak memory (VmHWM): initium {initium_mib:.1} MiB, kyverno {k:.1} MiB")
+        }
+        None => println!("  peak memory (VmHWM): initium {initium_mib:.1} MiB"),
+    }
+    let line = json!({
+        "bench": "e2e",
+        "pods": args.pods,
+        "concurrency": args.concurrency,
+        "batch": args.batch,
+        "other_rules": args.other_rules,
+        "configs": figures,
+        "overhead_ratio_p50": round(ratio_p50, 2),
+        "overhead_ratio_mean": round(ratio_mean, 2),
+        "goal_met": ratio_p50 <= 1.5 && ratio_mean <= 1.5,
+        "initium_peak_rss_mib": round(initium_mib, 1),
+        "kyverno_peak_rss_mib": kyverno_mib.map(|k| round(k, 1)),
+    });
+    println!("{line}");
+    Ok(())
+}
