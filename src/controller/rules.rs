@@ -7,7 +7,7 @@
 //! of the webhook configuration), so what `kubectl get` shows in READY is what runs. One bad
 //! rule never stops the others.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use futures::{FutureExt, Stream, StreamExt};
@@ -175,27 +175,22 @@ struct Entry {
     verdict: Option<Verdict>,
 }
 
-/// Identifies a rule object's spec: its uid (a rule deleted and created again is a new rule)
-/// and a hash of the spec as JSON. Not the generation alone: a spec can read differently with
+/// Identifies a rule object's spec: a hash of its uid (a rule deleted and created again is a
+/// new rule) and of the spec as JSON. Not the generation alone: a spec can read differently with
 /// the same generation (new defaults after a CRD upgrade).
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct SpecKey {
-    uid: Option<String>,
-    hash: u64,
-}
+struct SpecKey(u64);
 
 impl SpecKey {
     fn of(observed: &Observed) -> SpecKey {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        observed.uid.hash(&mut hasher);
         // Serializing a typed spec (string keys only) cannot fail.
         serde_json::to_vec(&observed.spec)
             .unwrap_or_default()
             .hash(&mut hasher);
-        SpecKey {
-            uid: observed.uid.clone(),
-            hash: hasher.finish(),
-        }
+        SpecKey(hasher.finish())
     }
 }
 
@@ -235,6 +230,33 @@ struct RuleTable {
     index_stale: bool,
     /// Anything changed (status included): the snapshot is stale.
     snapshot_stale: bool,
+    /// Every distinct status in the table, by a hash of its JSON: rules written in the same
+    /// second carry the same status, so ten thousand rules share a few dozen.
+    statuses: HashMap<u64, Arc<RuleStatus>>,
+}
+
+/// The shared copy of `status`: an equal one already in `statuses`, or this one, added.
+fn intern(
+    statuses: &mut HashMap<u64, Arc<RuleStatus>>,
+    status: Option<RuleStatus>,
+) -> Option<Arc<RuleStatus>> {
+    use std::hash::{Hash, Hasher};
+    let status = status?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    // Serializing a status (string keys only) cannot fail.
+    serde_json::to_vec(&status)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    let key = hasher.finish();
+    match statuses.get(&key) {
+        Some(shared) if **shared == status => Some(Arc::clone(shared)),
+        // New, or (never seen) a hash collision: keep its own copy.
+        _ => {
+            let status = Arc::new(status);
+            statuses.insert(key, Arc::clone(&status));
+            Some(status)
+        }
+    }
 }
 
 impl RuleTable {
@@ -268,8 +290,9 @@ impl RuleTable {
                 watcher::Event::Init => {
                     self.relisting.insert(scope, Vec::new());
                 }
-                watcher::Event::InitApply(rule) => {
-                    let staged = entry_for(self.entries.get(&rule.id), rule);
+                watcher::Event::InitApply(mut rule) => {
+                    let status = intern(&mut self.statuses, rule.status.take());
+                    let staged = entry_for(self.entries.get(&rule.id), rule, status);
                     self.relisting.entry(scope).or_default().push(staged);
                 }
                 watcher::Event::InitDone => {
@@ -305,17 +328,18 @@ impl RuleTable {
 
     /// Adds or updates a rule; compiles it only when its spec changed (status updates come
     /// through here too).
-    fn upsert(&mut self, observed: Observed) {
+    fn upsert(&mut self, mut observed: Observed) {
         self.snapshot_stale = true;
+        let status = intern(&mut self.statuses, observed.status.take());
         if let Some(entry) = self.entries.get_mut(&observed.id)
             && entry.spec_key == SpecKey::of(&observed)
         {
             entry.generation = observed.generation;
             entry.resource_version = observed.resource_version;
-            entry.status = observed.status.map(Arc::new);
+            entry.status = status;
             return;
         }
-        let (id, entry, _) = entry_for(None, observed);
+        let (id, entry, _) = entry_for(None, observed, status);
         self.index_stale = true;
         self.entries.insert(id, entry);
     }
@@ -386,6 +410,9 @@ impl RuleTable {
                 })
                 .collect();
             snapshot.send_replace(Arc::new(Snapshot { rules }));
+            // Statuses no rule (nor a snapshot) holds any more.
+            self.statuses
+                .retain(|_, status| Arc::strong_count(status) > 1);
         }
         for part in [
             Readiness::DISCOVERY,
@@ -399,9 +426,12 @@ impl RuleTable {
 
 /// The table entry for a rule object: `current`'s compiled rule and verdict when the spec is
 /// the same, else the spec compiled anew (then `true`).
-fn entry_for(current: Option<&Entry>, observed: Observed) -> (RuleId, Entry, bool) {
+fn entry_for(
+    current: Option<&Entry>,
+    observed: Observed,
+    status: Option<Arc<RuleStatus>>,
+) -> (RuleId, Entry, bool) {
     let spec_key = SpecKey::of(&observed);
-    let status = observed.status.map(Arc::new);
     if let Some(current) = current
         && current.spec_key == spec_key
     {
@@ -670,6 +700,52 @@ mod tests {
             "a new object with the same name and spec"
         );
         assert!(!Arc::ptr_eq(&second, &compiled(&table)));
+    }
+
+    #[test]
+    fn equal_statuses_are_shared_and_dropped_when_unused() {
+        let status = |message: &str| {
+            Some(RuleStatus {
+                observed_generation: Some(1),
+                conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    reason: "Compiled".into(),
+                    message: message.into(),
+                    observed_generation: Some(1),
+                    last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ),
+                }],
+            })
+        };
+        let mut table = RuleTable::default();
+        for (name, message) in [("a", "same"), ("b", "same"), ("c", "other")] {
+            let mut rule = observed(RuleId::cluster(name), &["Pod"]);
+            rule.status = status(message);
+            table.upsert(rule);
+        }
+        let shared = |table: &RuleTable, a: &str, b: &str| {
+            let get = |name: &str| table.entries[&RuleId::cluster(name)].status.clone();
+            matches!((get(a), get(b)), (Some(x), Some(y)) if Arc::ptr_eq(&x, &y))
+        };
+        assert!(shared(&table, "a", "b"));
+        assert!(!shared(&table, "a", "c"));
+        assert_eq!(table.statuses.len(), 2);
+
+        let mut changed = observed(RuleId::cluster("c"), &["Pod"]);
+        changed.status = status("same");
+        table.upsert(changed);
+        assert!(shared(&table, "a", "c"));
+        let shared_state = Shared::new(Default::default());
+        let readiness = Readiness::new(shared_state.clone());
+        let (snapshot_tx, _snapshot_rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (needs_tx, _needs_rx) = watch::channel(Arc::new(Inputs::default()));
+        table.apply(Input::Served(Some(Arc::new(served()))));
+        table.listed_cluster = true;
+        table.listed_namespaced = true;
+        table.publish(&shared_state, &readiness, &snapshot_tx, &needs_tx);
+        assert_eq!(table.statuses.len(), 1, "the unused status is dropped");
     }
 
     #[test]

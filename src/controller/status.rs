@@ -169,32 +169,37 @@ pub(crate) async fn run(
         // The snapshot is sorted by id.
         written.retain(|id, _| current.rules.binary_search_by(|r| r.id.cmp(id)).is_ok());
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let work: Vec<(RuleView, RuleStatus)> = current
-            .rules
-            .iter()
-            .filter_map(|view| desired_status(view, &now).map(|status| (view.clone(), status)))
-            .filter(|(view, status)| written.get(&view.id) != Some(&fingerprint(view, status)))
-            .collect();
-        if work.is_empty() {
-            continue;
-        }
+        // Statuses are worked out as the writes go, CONCURRENT_WRITES at a time: at start-up
+        // every rule needs one, and ten thousand of them at once cost ten megabytes.
+        // Items are indices into the snapshot, not references: the futures must be 'static
+        // enough for the spawned task.
+        let already = &written;
+        let rules = current.clone();
+        let work = (0..current.rules.len()).filter_map(move |i| {
+            let view = &rules.rules[i];
+            let status = desired_status(view, &now)?;
+            let fingerprint = fingerprint(view, &status);
+            (already.get(&view.id) != Some(&fingerprint)).then_some((i, status, fingerprint))
+        });
         let results: Vec<_> = futures::stream::iter(work)
-            .map(|(view, status)| {
+            .map(|(i, status, fingerprint)| {
                 let client = client.clone();
+                let rules = current.clone();
                 async move {
-                    let result = write(&client, &view, &status).await;
-                    (view, status, result)
+                    let result = write(&client, &rules.rules[i], &status).await;
+                    (i, fingerprint, result)
                 }
             })
             .buffer_unordered(CONCURRENT_WRITES)
             .collect()
             .await;
         let mut failed = false;
-        for (view, status, result) in results {
+        for (i, fingerprint, result) in results {
+            let view = &current.rules[i];
             match result {
                 Ok(()) => {
                     tracing::debug!(rule = %view.id.describe(), ready = view.verdict.is_ready(), "status written");
-                    written.insert(view.id.clone(), fingerprint(&view, &status));
+                    written.insert(view.id.clone(), fingerprint);
                 }
                 // Changed or deleted since seen: the watch brings the news, then we decide again.
                 Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
