@@ -322,7 +322,8 @@ pub struct CompiledRule {
     pub priority: i32,
     pub failure_policy: FailurePolicy,
     matcher: Matcher,
-    exclude: Option<Matcher>,
+    /// Boxed: most rules have none, and every rule of a cluster is kept compiled.
+    exclude: Option<Box<Matcher>>,
     conditions: Vec<Condition>,
     mutations: Vec<Mutation>,
     pub gate: Option<CompiledGate>,
@@ -405,8 +406,8 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
     let exclude = spec
         .exclude
         .as_ref()
-        .map(|e| Matcher::compile(e, "spec.exclude", true, &mut errors));
-    if exclude.as_ref().is_some_and(Matcher::is_empty) {
+        .map(|e| Box::new(Matcher::compile(e, "spec.exclude", true, &mut errors)));
+    if exclude.as_ref().is_some_and(|m| m.is_empty()) {
         errors.push(
             "spec.exclude",
             "an empty exclude would skip every object; give at least one field or remove it",
