@@ -422,12 +422,21 @@ impl Kyverno {
             "kyverno to accept the policy",
             || Ok(plane.apply(&policy).ok()),
         )?;
-        cluster::run(plane.kubectl().args([
-            "wait",
-            "--for=condition=Ready",
-            "--timeout=120s",
-            "clusterpolicy/initium-bench-test-ca",
-        ]))?;
+        cluster::eventually(
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+            "the Kyverno policy to be Ready",
+            || {
+                let status = cluster::run(plane.kubectl().args([
+                    "get",
+                    "clusterpolicy",
+                    "initium-bench-test-ca",
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                ]))?;
+                Ok((status.trim() == "True").then_some(()))
+            },
+        )?;
         Ok(kyverno)
     }
 }

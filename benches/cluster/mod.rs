@@ -151,12 +151,22 @@ impl Plane {
             "mutationrules.initium.dev",
             "clustermutationrules.initium.dev",
         ] {
-            run(self.kubectl().args([
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                &format!("crd/{crd}"),
-            ]))?;
+            // Not `kubectl wait`: it fails on a CRD so new that it has no conditions yet.
+            eventually(
+                Duration::from_secs(60),
+                Duration::from_millis(100),
+                &format!("CRD {crd} to be Established"),
+                || {
+                    let status = run(self.kubectl().args([
+                        "get",
+                        "crd",
+                        crd,
+                        "-o",
+                        "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+                    ]))?;
+                    Ok((status.trim() == "True").then_some(()))
+                },
+            )?;
         }
         Ok(())
     }
