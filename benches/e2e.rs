@@ -444,18 +444,7 @@ impl Kyverno {
 impl Drop for Kyverno {
     fn drop(&mut self) {
         // `run` execs kyverno, so this is kyverno's pid.
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        cluster::terminate(&mut self.child);
         // It leaves its webhook configurations behind.
         let _ = self.cleanup.status();
     }
