@@ -827,7 +827,7 @@ async fn metrics_are_openmetrics_text() {
     assert_eq!(
         sample(
             &text,
-            r#"initium_admission_duration_seconds_bucket{le="0.00025",kind="Pod",operation="CREATE",result="mutated"}"#
+            r#"initium_admission_duration_seconds_bucket{le="0.00025",kind="Pod",operation="CREATE",result="unchanged"}"#
         )
         .map(|count| count <= 1.0),
         Some(true),
