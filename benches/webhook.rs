@@ -147,6 +147,8 @@ fn run(args: &Args) -> Result<()> {
     let ca = initium.ca_bundle(&plane)?;
     let bodies = Bodies::new()?;
     let tls = tls_config(&ca)?;
+    // Before pinning: available_parallelism follows this process's CPU affinity.
+    let machine = cluster::machine();
     if args.pin {
         cluster::run(std::process::Command::new("taskset").args([
             "-a",
@@ -181,7 +183,7 @@ fn run(args: &Args) -> Result<()> {
     let rss_mib = mib(rss_during_load.max(memory.rss_kib));
     let peak_mib = mib(memory.peak_kib);
 
-    println!("webhook benchmark: {}", cluster::machine());
+    println!("webhook benchmark: {machine}");
     println!(
         "  {} rules ({} match the Pod), {} connections, {} client thread(s){}, {}s measured after {}s warm-up",
         rules.len(),
