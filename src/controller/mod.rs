@@ -57,6 +57,19 @@ use tokio::task::JoinSet;
 use crate::api::FailurePolicy;
 use crate::state::Shared;
 
+/// A hash of `salt` and `value` as JSON: tells whether a spec or a status is the same as one
+/// seen before without keeping a copy of it. Serializing a typed spec or status (string keys
+/// only) cannot fail.
+pub(crate) fn json_hash(salt: &Option<String>, value: &impl serde::Serialize) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    salt.hash(&mut hasher);
+    serde_json::to_vec(value)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
 pub use certs::{CaBundleSource, Tls, TlsSource, tls};
 pub use leader::LeaseSettings;
 pub use webhooks::{WebhookEndpoint, webhook_timeout_seconds};

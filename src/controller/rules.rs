@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use super::discovery::Served;
 use super::webhooks::{Inputs, RuleNeeds};
-use super::{ControllerError, Readiness, Stop};
+use super::{ControllerError, Readiness, Stop, json_hash};
 use crate::api::{ClusterMutationRule, MutationRule, RuleSpec, RuleStatus};
 use crate::engine::{CompiledRule, RuleErrors, RuleId, RuleIndex, compile};
 use crate::state::Shared;
@@ -183,14 +183,7 @@ struct SpecKey(u64);
 
 impl SpecKey {
     fn of(observed: &Observed) -> SpecKey {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        observed.uid.hash(&mut hasher);
-        // Serializing a typed spec (string keys only) cannot fail.
-        serde_json::to_vec(&observed.spec)
-            .unwrap_or_default()
-            .hash(&mut hasher);
-        SpecKey(hasher.finish())
+        SpecKey(json_hash(&observed.uid, &observed.spec))
     }
 }
 
@@ -240,14 +233,8 @@ fn intern(
     statuses: &mut HashMap<u64, Arc<RuleStatus>>,
     status: Option<RuleStatus>,
 ) -> Option<Arc<RuleStatus>> {
-    use std::hash::{Hash, Hasher};
     let status = status?;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    // Serializing a status (string keys only) cannot fail.
-    serde_json::to_vec(&status)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    let key = hasher.finish();
+    let key = json_hash(&None, &status);
     match statuses.get(&key) {
         Some(shared) if **shared == status => Some(Arc::clone(shared)),
         // New, or (never seen) a hash collision: keep its own copy.
@@ -331,16 +318,8 @@ impl RuleTable {
     fn upsert(&mut self, mut observed: Observed) {
         self.snapshot_stale = true;
         let status = intern(&mut self.statuses, observed.status.take());
-        if let Some(entry) = self.entries.get_mut(&observed.id)
-            && entry.spec_key == SpecKey::of(&observed)
-        {
-            entry.generation = observed.generation;
-            entry.resource_version = observed.resource_version;
-            entry.status = status;
-            return;
-        }
-        let (id, entry, _) = entry_for(None, observed, status);
-        self.index_stale = true;
+        let (id, entry, compiled) = entry_for(self.entries.get(&observed.id), observed, status);
+        self.index_stale |= compiled;
         self.entries.insert(id, entry);
     }
 

@@ -123,14 +123,7 @@ async fn write(client: &Client, view: &RuleView, status: &RuleStatus) -> Result<
 
 /// A status written over a resourceVersion, hashed.
 fn fingerprint(view: &RuleView, status: &RuleStatus) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    view.resource_version.hash(&mut hasher);
-    // Serializing a status (string keys only) cannot fail.
-    serde_json::to_vec(status)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
+    super::json_hash(&view.resource_version, status)
 }
 
 /// While this replica holds the Lease, brings every rule's status in line with its verdict,
