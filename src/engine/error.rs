@@ -1,4 +1,23 @@
+use std::borrow::Cow;
 use std::fmt;
+
+/// Text that came from a rule or an object (names, values, patterns), made safe for a
+/// terminal and a log line: control characters — escape sequences that could recolour or
+/// rewrite a terminal, carriage returns, newlines — are written as `\u{1b}`-style escapes.
+pub fn sanitize(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// A problem with one field of one rule: `<rule>: <field>: <message>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,7 +38,7 @@ impl FieldError {
 
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
+        write!(f, "{}: {}", sanitize(&self.field), sanitize(&self.message))
     }
 }
 
@@ -37,7 +56,7 @@ impl fmt::Display for RuleErrors {
             if i > 0 {
                 writeln!(f)?;
             }
-            write!(f, "{}: {}", self.rule, e)?;
+            write!(f, "{}: {}", sanitize(&self.rule), e)?;
         }
         Ok(())
     }

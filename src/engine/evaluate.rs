@@ -8,8 +8,10 @@ use serde_json::{Map, Value};
 
 use crate::api::{FailurePolicy, MUTATED_BY_ANNOTATION};
 
+use super::error::sanitize;
 use super::index::RuleIndex;
 use super::journal::{Changes, Journal, PatchOp, write_patch};
+use super::limits::{Limits, Meter, Stop};
 use super::path::Pointer;
 use super::rule::{RuleId, RuleResult, Subject};
 
@@ -68,14 +70,27 @@ impl std::fmt::Display for Denial {
 impl std::error::Error for Denial {}
 
 impl RuleIndex {
-    /// Applies every matching rule to `object`, in order. `deadline` is the latency budget,
-    /// checked between rules. Pure apart from reading the clock. The object is changed in
-    /// place: rules record what they touch, so nothing is copied whole.
+    /// [`RuleIndex::evaluate_with`] with the default [`Limits`].
     pub fn evaluate(
         &self,
         subject: &Subject,
         object: Value,
         deadline: Option<Instant>,
+    ) -> Result<Outcome, Denial> {
+        self.evaluate_with(subject, object, deadline, &Limits::default())
+    }
+
+    /// Applies every matching rule to `object`, in order. `deadline` is the latency budget,
+    /// checked between rules and inside them; `limits` bound what each rule may write. A rule
+    /// that runs out of either fails by its `failurePolicy`, its changes undone. Pure apart
+    /// from reading the clock. The object is changed in place: rules record what they touch,
+    /// so nothing is copied whole.
+    pub fn evaluate_with(
+        &self,
+        subject: &Subject,
+        object: Value,
+        deadline: Option<Instant>,
+        limits: &Limits,
     ) -> Result<Outcome, Denial> {
         let namespace = if subject.gvk.group.is_empty() && subject.gvk.kind == "Namespace" {
             subject
@@ -102,6 +117,7 @@ impl RuleIndex {
         // they may still be empty); they are taken out again before the patch is computed.
         let filled = fill_identity(&mut doc, subject);
         let mut changes = Changes::default();
+        let mut meter = Meter::new(limits, deadline);
 
         for (i, rule) in candidates.into_iter().enumerate() {
             // The clock is read before every DEADLINE_STRIDE-th candidate: reading it costs more
@@ -114,7 +130,7 @@ impl RuleIndex {
                 outcome.budget_exceeded = true;
             }
             if outcome.budget_exceeded {
-                if rule.matches(subject, &doc) == Ok(false) {
+                if rule.matches_guarded(subject, &doc) == Ok(false) {
                     continue;
                 }
                 outcome.matched.push(rule.id.clone());
@@ -139,7 +155,7 @@ impl RuleIndex {
                     }
                 }
             }
-            match rule.run(subject, &mut doc) {
+            match rule.run(subject, &mut doc, &mut meter) {
                 RuleResult::NotMatched => {}
                 RuleResult::Unchanged => outcome.matched.push(rule.id.clone()),
                 RuleResult::Changed(journal) => {
@@ -147,8 +163,21 @@ impl RuleIndex {
                     outcome.applied.push(rule.id.clone());
                     changes.absorb(journal);
                 }
+                RuleResult::Corrupted(error) => {
+                    // Fail closed: the object may be half changed and cannot be admitted.
+                    return Err(Denial {
+                        rule: rule.id.clone(),
+                        message: format!("{} failed: {}", rule.id.describe(), sanitize(&error)),
+                        budget_exceeded: false,
+                    });
+                }
                 RuleResult::Failed(error) => {
                     outcome.matched.push(rule.id.clone());
+                    if error == Stop::Budget {
+                        // The rules after it have no time left either.
+                        outcome.budget_exceeded = true;
+                    }
+                    let error = sanitize(&error.to_string()).into_owned();
                     match rule.failure_policy {
                         FailurePolicy::Ignore => {
                             outcome.skipped.push(rule.id.clone());
@@ -163,7 +192,7 @@ impl RuleIndex {
                                     "{} (failurePolicy Fail) failed: {error}",
                                     rule.id.describe()
                                 ),
-                                budget_exceeded: false,
+                                budget_exceeded: outcome.budget_exceeded,
                             });
                         }
                     }

@@ -5,6 +5,8 @@
 //! the rule changed anything, and, gathered over all rules (`Changes`), to produce the
 //! RFC 6902 patch from the original object by diffing only the touched parts.
 
+use std::collections::BTreeSet;
+
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde_json::Value;
@@ -15,6 +17,7 @@ use super::path::{Pointer, lookup};
 #[derive(Default, Debug)]
 pub(crate) struct Journal {
     entries: Vec<(Pointer, Option<Value>)>,
+    index: PointerIndex,
     /// Some part was recorded before an operation that may leave it as it was (`touch`),
     /// so `changed` has to compare.
     inexact: bool,
@@ -65,9 +68,10 @@ impl Journal {
     /// Records the prior value at `pointer`, which the caller has looked up and is about to
     /// change (`None`: absent, its parent an object, or the next index of a list).
     pub fn record(&mut self, pointer: Pointer, prior: Option<&Value>) {
-        if self.entries.iter().any(|(p, _)| p.contains(&pointer)) {
+        if self.index.covers(&self.entries, &pointer) {
             return;
         }
+        self.index.insert(&self.entries, &pointer);
         self.entries.push((pointer, prior.cloned()));
     }
 
@@ -79,6 +83,24 @@ impl Journal {
         self.entries
             .iter()
             .any(|(p, prior)| p.get(doc) != prior.as_ref())
+    }
+
+    /// When the value at `pointer` differs from what it was before the rule touched it, what
+    /// it was (`None`: absent).
+    pub fn changed_at(&self, doc: &Value, pointer: &Pointer) -> Option<Option<Value>> {
+        for (p, prior) in &self.entries {
+            if p.contains(pointer) {
+                let before = prior.as_ref().and_then(|v| p.relative(pointer).get(v));
+                let now = pointer.get(doc);
+                return (before != now).then(|| before.cloned());
+            }
+        }
+        // A part inside it changed (it was a list or object, which the API server refuses
+        // anyway): compare nothing, report that it changed.
+        self.entries
+            .iter()
+            .any(|(p, _)| pointer.contains(p))
+            .then_some(None)
     }
 
     /// Puts every touched part back, newest first.
@@ -93,6 +115,7 @@ impl Journal {
 #[derive(Default, Debug)]
 pub(crate) struct Changes {
     entries: Vec<(Pointer, Option<Value>)>,
+    index: PointerIndex,
 }
 
 impl Changes {
@@ -100,10 +123,10 @@ impl Changes {
     /// a part that contains known parts gets their originals put back into its own.
     pub fn absorb(&mut self, journal: Journal) {
         for (pointer, mut prior) in journal.entries {
-            if self.entries.iter().any(|(p, _)| p.contains(&pointer)) {
+            if self.index.covers(&self.entries, &pointer) {
                 continue;
             }
-            if self.entries.iter().any(|(p, _)| pointer.contains(p)) {
+            if self.index.has_below(&self.entries, &pointer) {
                 let mut kept = Vec::with_capacity(self.entries.len());
                 for (inner, inner_prior) in std::mem::take(&mut self.entries) {
                     if pointer.contains(&inner) {
@@ -115,7 +138,9 @@ impl Changes {
                     }
                 }
                 self.entries = kept;
+                self.index.rebuild(&self.entries);
             }
+            self.index.insert(&self.entries, &pointer);
             self.entries.push((pointer, prior));
         }
     }
@@ -143,6 +168,78 @@ impl Changes {
             diff(prior.as_ref(), pointer.get(doc), &mut path, &mut ops);
         }
         ops
+    }
+}
+
+/// Answers "does a recorded part hold this pointer?" and "does this pointer hold a recorded
+/// part?" for a list of recorded parts. A rule that touches a few parts (nearly all of them)
+/// is answered by scanning the list; past [`INDEX_FROM`] parts (a `forEach` over thousands of
+/// containers) a sorted set of the pointers answers in O(depth · log n), so recording stays
+/// linear in the number of parts instead of quadratic.
+#[derive(Default, Debug)]
+struct PointerIndex {
+    set: Option<BTreeSet<String>>,
+}
+
+/// Recorded parts from which the index is kept.
+const INDEX_FROM: usize = 16;
+
+impl PointerIndex {
+    /// Called before `pointer` is pushed onto `entries`.
+    fn insert(&mut self, entries: &[(Pointer, Option<Value>)], pointer: &Pointer) {
+        match &mut self.set {
+            Some(set) => {
+                set.insert(pointer.as_str().to_string());
+            }
+            None if entries.len() + 1 >= INDEX_FROM => {
+                let mut set: BTreeSet<String> = entries
+                    .iter()
+                    .map(|(p, _)| p.as_str().to_string())
+                    .collect();
+                set.insert(pointer.as_str().to_string());
+                self.set = Some(set);
+            }
+            None => {}
+        }
+    }
+
+    fn rebuild(&mut self, entries: &[(Pointer, Option<Value>)]) {
+        self.set = None;
+        if entries.len() >= INDEX_FROM {
+            self.set = Some(
+                entries
+                    .iter()
+                    .map(|(p, _)| p.as_str().to_string())
+                    .collect(),
+            );
+        }
+    }
+
+    /// Some recorded part is `pointer` or one of its ancestors.
+    fn covers(&self, entries: &[(Pointer, Option<Value>)], pointer: &Pointer) -> bool {
+        let Some(set) = &self.set else {
+            return entries.iter().any(|(p, _)| p.contains(pointer));
+        };
+        let text = pointer.as_str();
+        set.contains("")
+            || text
+                .char_indices()
+                .filter(|&(i, c)| c == '/' && i > 0)
+                .any(|(i, _)| set.contains(&text[..i]))
+            || set.contains(text)
+    }
+
+    /// Some recorded part lies strictly below `pointer`.
+    fn has_below(&self, entries: &[(Pointer, Option<Value>)], pointer: &Pointer) -> bool {
+        let Some(set) = &self.set else {
+            return entries
+                .iter()
+                .any(|(p, _)| pointer.contains(p) && p != pointer);
+        };
+        let prefix = format!("{}/", pointer.as_str());
+        set.range(prefix.clone()..)
+            .next()
+            .is_some_and(|k| k.starts_with(&prefix))
     }
 }
 

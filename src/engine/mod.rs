@@ -7,6 +7,7 @@ mod glob;
 mod index;
 mod journal;
 mod kind;
+mod limits;
 mod literal;
 mod mutation;
 mod parse;
@@ -15,11 +16,15 @@ mod rule;
 mod selector;
 mod template;
 
-pub use error::{FieldError, RuleErrors};
+pub use error::{FieldError, RuleErrors, sanitize};
 pub use evaluate::{Denial, Outcome};
 pub use index::RuleIndex;
 pub use journal::PatchOp;
 pub use kind::{Gvk, KindPattern, Segment};
+pub use limits::{
+    Limits, MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, MAX_REGEX_BYTES, MAX_RULE_REGEXES,
+    QUERY_WORK_LIMIT, RULE_REGEX_BYTES,
+};
 pub use parse::{RuleSource, compile_document, is_rule_document, parse_rule};
 pub use path::type_name as describe_value;
 pub use rule::{CompiledGate, CompiledRule, RuleId, Subject, compile, parse_duration};

@@ -12,32 +12,43 @@ use crate::api::{self, PatchOp};
 
 use super::error::Errors;
 use super::journal::Journal;
+use super::limits::{
+    MAX_DEPTH, MAX_REGEX_BYTES, Meter, RULE_REGEX_BYTES, Size, Stop, human_bytes, measure,
+};
 use super::literal::{self, Lit, MergePatch};
 use super::path::{Pointer, Query, type_name};
 use super::template::{Scope, Template};
 
-/// Upper bound on a compiled regular expression, so a rule cannot make initium allocate
-/// without limit.
-pub const REGEX_SIZE_LIMIT: usize = 1 << 20;
-
-pub fn compile_regex(pattern: &str) -> Result<Regex, String> {
+/// Compiles a rule's regular expression within `size_limit` bytes (its share of what all the
+/// rule's regular expressions may use, see [`regex_share`]), so a rule cannot make initium
+/// allocate without limit or spend seconds compiling.
+pub fn compile_regex(pattern: &str, size_limit: usize) -> Result<Regex, String> {
     regex::RegexBuilder::new(pattern)
-        .size_limit(REGEX_SIZE_LIMIT)
+        .size_limit(size_limit)
+        .dfa_size_limit(size_limit)
         .build()
-        .map_err(|e| {
-            let detail = match &e {
-                // The syntax error's Display draws the pattern with a caret over several lines;
-                // its last line says what is wrong.
-                regex::Error::Syntax(text) => text
-                    .lines()
+        .map_err(|e| match &e {
+            // The syntax error's Display draws the pattern with a caret over several lines;
+            // its last line says what is wrong.
+            regex::Error::Syntax(text) => format!(
+                "invalid regular expression {pattern:?}: {}",
+                text.lines()
                     .last()
                     .unwrap_or_default()
                     .trim_start_matches("error: ")
-                    .to_string(),
-                other => other.to_string(),
-            };
-            format!("invalid regular expression {pattern:?}: {detail}")
+            ),
+            regex::Error::CompiledTooBig(_) => format!(
+                "regular expression {pattern:?} is too large once compiled: over {}, its share of the {} a rule's regular expressions may use together; simplify it (for example [a-zA-Z0-9_] instead of \\w, which matches every Unicode letter and digit, or fewer repetitions)",
+                human_bytes(size_limit),
+                human_bytes(RULE_REGEX_BYTES)
+            ),
+            other => format!("invalid regular expression {pattern:?}: {other}"),
         })
+}
+
+/// Each of a rule's `count` regular expressions may compile to this many bytes.
+pub fn regex_share(count: usize) -> usize {
+    (RULE_REGEX_BYTES / count.max(1)).min(MAX_REGEX_BYTES)
 }
 
 #[derive(Clone, Debug)]
@@ -80,7 +91,12 @@ struct Parts<'a> {
     rewrite: &'a Option<api::Rewrite>,
 }
 
-pub(crate) fn compile(m: &api::Mutation, at: &str, errors: &mut Errors) -> Option<Mutation> {
+pub(crate) fn compile(
+    m: &api::Mutation,
+    at: &str,
+    regex_limit: usize,
+    errors: &mut Errors,
+) -> Option<Mutation> {
     let parts = Parts {
         merge: &m.merge,
         patch: &m.patch,
@@ -109,7 +125,7 @@ pub(crate) fn compile(m: &api::Mutation, at: &str, errors: &mut Errors) -> Optio
         return None;
     }
     let Some(for_each) = &m.for_each else {
-        return compile_parts(&parts, at, false, errors);
+        return compile_parts(&parts, at, false, regex_limit, errors);
     };
     let query = match Query::parse(for_each) {
         Ok(q) => Some(q),
@@ -153,7 +169,7 @@ pub(crate) fn compile(m: &api::Mutation, at: &str, errors: &mut Errors) -> Optio
             );
             continue;
         }
-        if let Some(m) = compile_parts(&parts, &at, true, errors) {
+        if let Some(m) = compile_parts(&parts, &at, true, regex_limit, errors) {
             mutations.push(m);
         }
     }
@@ -165,7 +181,13 @@ pub(crate) fn compile(m: &api::Mutation, at: &str, errors: &mut Errors) -> Optio
     })
 }
 
-fn compile_parts(p: &Parts, at: &str, in_for_each: bool, errors: &mut Errors) -> Option<Mutation> {
+fn compile_parts(
+    p: &Parts,
+    at: &str,
+    in_for_each: bool,
+    regex_limit: usize,
+    errors: &mut Errors,
+) -> Option<Mutation> {
     let template = |value: &Value, field: String, errors: &mut Errors| match Template::compile(
         value,
         in_for_each,
@@ -311,7 +333,7 @@ fn compile_parts(p: &Parts, at: &str, in_for_each: bool, errors: &mut Errors) ->
     }
     if let Some(r) = p.rewrite {
         let path = pointer(&r.path, format!("{at}.rewrite.path"), errors);
-        let regex = match compile_regex(&r.regex) {
+        let regex = match compile_regex(&r.regex, regex_limit) {
             Ok(re) => Some(re),
             Err(e) => {
                 errors.push(format!("{at}.rewrite.regex"), e);
@@ -343,56 +365,67 @@ impl Mutation {
     /// Applies the mutation at `base` (the object root, or a `forEach` element), recording
     /// in `journal` what it changes. Templates read the object as it is now (`$`) and the
     /// element at `base` (`@`). The error says what went wrong, without the rule name.
+    /// `meter` counts what the mutation writes and watches the latency budget.
     pub(crate) fn apply(
         &self,
         doc: &mut Value,
         base: &Pointer,
         journal: &mut Journal,
-    ) -> Result<(), String> {
+        meter: &mut Meter,
+    ) -> Result<(), Stop> {
+        meter.tick()?;
         if let Mutation::ForEach {
             query,
             mutations,
             literal,
         } = self
         {
-            for element in query.locate(doc) {
+            let elements = query.locate(doc)?;
+            meter.plan_steps(elements.len(), mutations.len())?;
+            for element in &elements {
+                meter.tick()?;
                 let result = if *literal {
                     // Nothing to render: look the element up once for all its mutations.
                     match element.get_mut(doc) {
                         Some(target) => mutations.iter().try_for_each(|m| {
-                            m.apply_to(target, &element, Rendered::None, journal)
+                            m.apply_to(target, element, Rendered::None, journal, meter)
                         }),
                         None => Ok(()),
                     }
                 } else {
                     mutations
                         .iter()
-                        .try_for_each(|m| m.apply(doc, &element, journal))
+                        .try_for_each(|m| m.apply(doc, element, journal, meter))
                 };
-                result.map_err(|e| format!("forEach element {}: {e}", element.as_str()))?;
+                result.map_err(|e| {
+                    e.context(|e| format!("forEach element {}: {e}", element.as_str()))
+                })?;
             }
             return Ok(());
         }
-        let rendered = self.render(doc, base)?;
+        let rendered = self.render(doc, base, meter)?;
         let target = base
             .get_mut(doc)
             .ok_or_else(|| format!("{} no longer exists", base.as_str()))?;
-        self.apply_to(target, base, rendered, journal)
+        self.apply_to(target, base, rendered, journal, meter)
     }
 
     /// Renders the mutation's templates against the object as it is now.
-    fn render(&self, doc: &Value, base: &Pointer) -> Result<Rendered, String> {
+    fn render(&self, doc: &Value, base: &Pointer, meter: &mut Meter) -> Result<Rendered, Stop> {
         // `@` is looked up only for templates that use it.
-        let render = |t: &Template| {
+        let mut render = |t: &Template| {
             let element = if t.uses_element() {
                 base.get(doc)
             } else {
                 None
             };
-            t.render(&Scope {
-                object: doc,
-                element,
-            })
+            t.render(
+                &Scope {
+                    object: doc,
+                    element,
+                },
+                meter,
+            )
         };
         Ok(match self {
             Mutation::Merge(t) | Mutation::Upsert { value: t, .. } if t.literal().is_none() => {
@@ -401,7 +434,7 @@ impl Mutation {
             Mutation::Patch(steps) if !self.is_literal() => Rendered::Steps(
                 steps
                     .iter()
-                    .map(|s| s.value.as_ref().map(render).transpose())
+                    .map(|s| s.value.as_ref().map(&mut render).transpose())
                     .collect::<Result<_, _>>()?,
             ),
             _ => Rendered::None,
@@ -415,13 +448,22 @@ impl Mutation {
         base: &Pointer,
         rendered: Rendered,
         journal: &mut Journal,
-    ) -> Result<(), String> {
+        meter: &mut Meter,
+    ) -> Result<(), Stop> {
         match self {
             Mutation::Merge(t) => {
                 match (rendered, t.literal()) {
-                    (Rendered::One(patch), _) => merge_into(target, base, &patch, journal),
-                    (_, Some(patch)) => merge_into(target, base, patch, journal),
-                    (_, None) => return Err("merge patch was not rendered".into()),
+                    (Rendered::One(patch), _) => {
+                        count_write(meter, t, Some(&patch), base.depth())?;
+                        merge_into(target, base, &patch, journal)
+                    }
+                    (_, Some(patch)) => {
+                        count_write(meter, t, None, base.depth())?;
+                        merge_into(target, base, patch, journal)
+                    }
+                    (_, None) => {
+                        return Err(Stop::from("merge patch was not rendered".to_string()));
+                    }
                 }
                 Ok(())
             }
@@ -431,14 +473,20 @@ impl Mutation {
                     _ => value
                         .literal()
                         .map(Lit::to_value)
-                        .ok_or("upsert value was not rendered")?,
+                        .ok_or_else(|| "upsert value was not rendered".to_string())?,
                 };
                 if value.get(key).is_none() {
-                    return Err(format!(
+                    return Err(Stop::Limit(format!(
                         "upsert {}: the value has no key field {key:?}",
                         path.as_str()
-                    ));
+                    )));
                 }
+                // The value lands as an element of the list at `path`.
+                let at_depth = base.depth() + path.depth() + 1;
+                let Mutation::Upsert { value: t, .. } = self else {
+                    return Ok(());
+                };
+                count_write(meter, t, t.literal().is_none().then_some(&value), at_depth)?;
                 let at = base.join(path);
                 let list = match path.get_mut(target) {
                     Some(list) => list,
@@ -447,7 +495,7 @@ impl Mutation {
                         path.get_or_create(target, || Value::Array(Vec::new()))?
                     }
                 };
-                upsert(list, &at, key, value, journal)
+                upsert(list, &at, key, value, journal).map_err(Stop::Limit)
             }
             Mutation::Rewrite {
                 path,
@@ -456,8 +504,7 @@ impl Mutation {
             } => match path.get_mut(target) {
                 None => Ok(()),
                 Some(Value::String(current)) => {
-                    if let std::borrow::Cow::Owned(new) =
-                        regex.replace_all(current, replacement.as_str())
+                    if let Some(new) = rewrite(regex, current, replacement, meter)?
                         && new != *current
                     {
                         let prior = std::mem::replace(current, new);
@@ -465,11 +512,11 @@ impl Mutation {
                     }
                     Ok(())
                 }
-                Some(other) => Err(format!(
+                Some(other) => Err(Stop::Limit(format!(
                     "rewrite {}: the field is {}, not a string",
                     path.as_str(),
                     type_name(other)
-                )),
+                ))),
             },
             Mutation::Patch(steps) => {
                 let mut values = match rendered {
@@ -477,8 +524,48 @@ impl Mutation {
                     _ => Vec::new().into_iter(),
                 };
                 for (i, step) in steps.iter().enumerate() {
-                    let value = match values.next() {
-                        Some(v) => v,
+                    let rendered = values.next().flatten();
+                    let at_depth = base.depth() + step.path.depth();
+                    match (&step.value, step.op) {
+                        (_, PatchOp::Test) => {}
+                        (Some(t), _) => count_write(meter, t, rendered.as_ref(), at_depth)
+                            .map_err(|e| {
+                                e.context(|e| format!("patch[{i}] {}: {e}", step.describe()))
+                            })?,
+                        (None, PatchOp::Copy | PatchOp::Move) => {
+                            // A copy writes the value again; a move only changes how deep it sits.
+                            if let Some(from) =
+                                step.from_pointer.as_ref().and_then(|f| f.get(target))
+                            {
+                                let size = measure(
+                                    from,
+                                    meter.remaining(),
+                                    MAX_DEPTH.saturating_sub(at_depth),
+                                );
+                                let bytes = if step.op == PatchOp::Copy {
+                                    size.bytes
+                                } else {
+                                    0
+                                };
+                                meter
+                                    .write_sized(
+                                        Size {
+                                            bytes,
+                                            depth: size.depth,
+                                        },
+                                        at_depth,
+                                    )
+                                    .map_err(|e| {
+                                        e.context(|e| {
+                                            format!("patch[{i}] {}: {e}", step.describe())
+                                        })
+                                    })?;
+                            }
+                        }
+                        (None, _) => {}
+                    }
+                    let value = match rendered {
+                        Some(v) => Some(v),
                         None => step
                             .value
                             .as_ref()
@@ -486,13 +573,86 @@ impl Mutation {
                             .map(Lit::to_value),
                     };
                     step.apply_to(target, base, value.unwrap_or(Value::Null), journal)
-                        .map_err(|e| format!("patch[{i}] {}: {e}", step.describe()))?;
+                        .map_err(|e| Stop::Limit(format!("patch[{i}] {}: {e}", step.describe())))?;
                 }
                 Ok(())
             }
-            Mutation::ForEach { .. } => Err("forEach cannot be nested".into()),
+            Mutation::ForEach { .. } => Err(Stop::from("forEach cannot be nested".to_string())),
         }
     }
+}
+
+/// Counts a template's value about to be written `at_depth` levels below the root: its
+/// fixed size, and for a rendered value the depth it reached (what its templates selected
+/// was counted while rendering).
+fn count_write(
+    meter: &mut Meter,
+    template: &Template,
+    rendered: Option<&Value>,
+    at_depth: usize,
+) -> Result<(), Stop> {
+    let mut size = template.size();
+    if let Some(value) = rendered {
+        size.depth = measure(value, usize::MAX, MAX_DEPTH.saturating_sub(at_depth)).depth;
+    }
+    meter.write_sized(size, at_depth)
+}
+
+/// `regex.replace_all(text, replacement)`, refusing before it builds a result larger than
+/// the rule may still write (a replacement such as `$0$0` doubles the text each time a rule
+/// applies it). `None` when nothing matched.
+fn rewrite(
+    regex: &Regex,
+    text: &str,
+    replacement: &str,
+    meter: &mut Meter,
+) -> Result<Option<String>, Stop> {
+    // Each `$` reference expands to at most the whole match (groups lie inside it).
+    let references = replacement.matches('$').count();
+    let limit = meter.remaining();
+    let mut out = String::new();
+    let mut last = 0;
+    let mut matched = false;
+    let check = |meter: &mut Meter, out: &String, last: usize, start: usize, end: usize| {
+        let most = out.len() + (start - last) + replacement.len() + references * (end - start);
+        if most > limit {
+            // Counting what it would write fails, with the limit in the message.
+            return meter.write(most);
+        }
+        Ok(())
+    };
+    if references == 0 {
+        for (n, m) in regex.find_iter(text).enumerate() {
+            check(meter, &out, last, m.start(), m.end())?;
+            out.push_str(&text[last..m.start()]);
+            out.push_str(replacement);
+            last = m.end();
+            matched = true;
+            if n % 64 == 63 {
+                meter.check_clock()?;
+            }
+        }
+    } else {
+        for (n, caps) in regex.captures_iter(text).enumerate() {
+            let Some(whole) = caps.get(0) else {
+                continue;
+            };
+            check(meter, &out, last, whole.start(), whole.end())?;
+            out.push_str(&text[last..whole.start()]);
+            caps.expand(replacement, &mut out);
+            last = whole.end();
+            matched = true;
+            if n % 64 == 63 {
+                meter.check_clock()?;
+            }
+        }
+    }
+    if !matched {
+        return Ok(None);
+    }
+    out.push_str(&text[last..]);
+    meter.write(out.len())?;
+    Ok(Some(out))
 }
 
 /// Template values rendered for one application of a mutation.

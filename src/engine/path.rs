@@ -8,6 +8,10 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
+use super::limits::{
+    MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, QUERY_WORK_LIMIT, count_nodes,
+};
+
 /// An RFC 6901 pointer, kept in its encoded text form (`/metadata/annotations/a~1b`), which
 /// is canonical, so prefixes can be compared as text. The empty pointer is the whole document.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +59,11 @@ impl Pointer {
 
     pub fn as_str(&self) -> &str {
         &self.text
+    }
+
+    /// How many tokens deep the pointer reaches (0 for the whole document).
+    pub fn depth(&self) -> usize {
+        self.text.bytes().filter(|b| *b == b'/').count()
     }
 
     /// The decoded tokens, each with the byte length of the pointer up to and including it.
@@ -312,6 +321,8 @@ pub struct Query {
     query: JpQuery,
     simple: Option<Vec<Step>>,
     text: String,
+    /// Descendant segments (`..`): each can visit the whole object again.
+    descendants: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -332,30 +343,68 @@ impl Query {
         if !text.starts_with('$') {
             return Err(format!("invalid JSONPath {text:?}: it must start with '$'"));
         }
+        let shape = shape(text);
+        if shape.nesting > MAX_QUERY_NESTING {
+            return Err(format!(
+                "invalid JSONPath {text:?}: brackets and parentheses nest {} deep; at most {MAX_QUERY_NESTING} are allowed",
+                shape.nesting
+            ));
+        }
+        if shape.descendants > MAX_QUERY_DESCENDANTS {
+            return Err(format!(
+                "invalid JSONPath {text:?}: it has {} descendant segments (..); at most {MAX_QUERY_DESCENDANTS} are allowed, since each can visit the whole object again",
+                shape.descendants
+            ));
+        }
         let query = parse_json_path(text)
             .map_err(|e| format!("invalid JSONPath {text:?}: {}", one_line(&e.to_string())))?;
         Ok(Query {
             query,
             simple: parse_simple(text),
             text: text.to_string(),
+            descendants: shape.descendants,
         })
     }
 
+    /// Refuses a query with descendant segments on an object so large that it would visit more
+    /// than [`QUERY_WORK_LIMIT`] nodes (estimated before it runs: the library that evaluates such
+    /// queries cannot be interrupted).
+    fn check_work(&self, doc: &Value) -> Result<(), String> {
+        if self.descendants == 0 {
+            return Ok(());
+        }
+        let nodes = count_nodes(doc, QUERY_WORK_LIMIT);
+        let per_node = if self.descendants > 1 {
+            nodes.min(MAX_DEPTH)
+        } else {
+            1
+        };
+        if nodes.saturating_mul(per_node) > QUERY_WORK_LIMIT {
+            return Err(format!(
+                "JSONPath {:?} would visit more than {QUERY_WORK_LIMIT} nodes of this object (the query work limit); avoid descendant segments (..) on large objects",
+                self.text
+            ));
+        }
+        Ok(())
+    }
+
     /// The selected values. Queries are validated at compile time, so an evaluation error
-    /// (which the library reports for some type mismatches) selects nothing.
-    pub fn select<'a>(&self, doc: &'a Value) -> Vec<&'a Value> {
+    /// (which the library reports for some type mismatches) selects nothing. Fails only when
+    /// the query would do too much work (see `check_work`).
+    pub fn select<'a>(&self, doc: &'a Value) -> Result<Vec<&'a Value>, String> {
         if let Some(steps) = &self.simple {
             let mut out = Vec::new();
             walk(doc, steps, &mut String::new(), &mut |v, _| out.push(v));
-            return out;
+            return Ok(out);
         }
-        js_path_process(&self.query, doc)
+        self.check_work(doc)?;
+        Ok(js_path_process(&self.query, doc)
             .map(|found| found.into_iter().map(|r| r.val()).collect())
-            .unwrap_or_default()
+            .unwrap_or_default())
     }
 
     /// The pointers of the selected values, in document order.
-    pub fn locate(&self, doc: &Value) -> Vec<Pointer> {
+    pub fn locate(&self, doc: &Value) -> Result<Vec<Pointer>, String> {
         if let Some(steps) = &self.simple {
             let mut out = Vec::new();
             walk(doc, steps, &mut String::new(), &mut |_, path| {
@@ -363,17 +412,56 @@ impl Query {
                     text: path.to_string(),
                 })
             });
-            return out;
+            return Ok(out);
         }
-        js_path_process(&self.query, doc)
+        self.check_work(doc)?;
+        Ok(js_path_process(&self.query, doc)
             .map(|found| {
                 found
                     .into_iter()
                     .filter_map(|r| normalized_to_pointer(&r.path()))
                     .collect()
             })
-            .unwrap_or_default()
+            .unwrap_or_default())
     }
+}
+
+/// What makes a query expensive to parse or run, read from its text: the deepest nesting of
+/// brackets and parentheses, and the descendant segments (`..`), outside string literals.
+struct Shape {
+    nesting: usize,
+    descendants: usize,
+}
+
+fn shape(text: &str) -> Shape {
+    let mut shape = Shape {
+        nesting: 0,
+        descendants: 0,
+    };
+    let mut depth: usize = 0;
+    let mut quote: Option<char> = None;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (Some(_), '\\') => {
+                chars.next();
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '[' | '(') => {
+                depth += 1;
+                shape.nesting = shape.nesting.max(depth);
+            }
+            (None, ']' | ')') => depth = depth.saturating_sub(1),
+            (None, '.') if chars.peek() == Some(&'.') => {
+                chars.next();
+                shape.descendants += 1;
+            }
+            _ => {}
+        }
+    }
+    shape
 }
 
 fn walk<'a>(
@@ -593,15 +681,19 @@ mod tests {
     fn queries_select_and_locate() {
         let doc = json!({"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b'q", "image": "y"}]}});
         let q = Query::parse("$.spec.containers[*]").unwrap();
-        assert_eq!(q.select(&doc).len(), 2);
+        assert_eq!(q.select(&doc).unwrap().len(), 2);
         let ptrs: Vec<String> = q
             .locate(&doc)
+            .unwrap()
             .iter()
             .map(|p| p.as_str().to_string())
             .collect();
         assert_eq!(ptrs, vec!["/spec/containers/0", "/spec/containers/1"]);
         let q = Query::parse("$.spec.containers[?@.name == \"b'q\"].name").unwrap();
-        assert_eq!(q.locate(&doc)[0].as_str(), "/spec/containers/1/name");
+        assert_eq!(
+            q.locate(&doc).unwrap()[0].as_str(),
+            "/spec/containers/1/name"
+        );
         assert!(Query::parse("$.spec[").is_err());
         assert!(Query::parse("spec.containers").is_err());
     }
@@ -655,12 +747,18 @@ mod tests {
                     .collect();
                 let fast: Vec<(String, Value)> = query
                     .locate(doc)
+                    .unwrap()
                     .into_iter()
                     .map(|p| (p.as_str().to_string(), p.get(doc).cloned().unwrap()))
                     .collect();
                 assert_eq!(fast, slow, "{q} on {doc}");
                 assert_eq!(
-                    query.select(doc).into_iter().cloned().collect::<Vec<_>>(),
+                    query
+                        .select(doc)
+                        .unwrap()
+                        .into_iter()
+                        .cloned()
+                        .collect::<Vec<_>>(),
                     slow.into_iter().map(|(_, v)| v).collect::<Vec<_>>()
                 );
             }

@@ -3,7 +3,8 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use regex::Regex;
@@ -15,8 +16,9 @@ use super::error::{Errors, RuleErrors};
 use super::glob::Glob;
 use super::journal::Journal;
 use super::kind::{Gvk, KindPattern};
-use super::mutation::{self, Mutation, compile_regex};
-use super::path::{Pointer, Query};
+use super::limits::{MAX_RULE_REGEXES, Meter, Stop};
+use super::mutation::{self, Mutation, compile_regex, regex_share};
+use super::path::{Pointer, Query, type_name as describe_value};
 use super::selector::Selector;
 
 /// Which rule: a ClusterMutationRule `name`, or a MutationRule `namespace/name`.
@@ -297,15 +299,15 @@ struct Condition {
 }
 
 impl Condition {
-    fn holds(&self, object: &Value) -> bool {
-        let found = self.query.select(object);
-        match &self.test {
+    fn holds(&self, object: &Value) -> Result<bool, String> {
+        let found = self.query.select(object)?;
+        Ok(match &self.test {
             Test::Matches(re) => found
                 .iter()
                 .any(|v| v.as_str().is_some_and(|s| re.is_match(s))),
             Test::Equals(want) => found.contains(&want),
             Test::Exists(want) => found.is_empty() != *want,
-        }
+        })
     }
 }
 
@@ -334,7 +336,11 @@ pub(crate) enum RuleResult {
     NotMatched,
     Unchanged,
     Changed(Journal),
-    Failed(String),
+    /// The rule failed and its changes were undone.
+    Failed(Stop),
+    /// The rule failed and its changes could not be undone (an internal error while undoing
+    /// them): the object is not fit to be admitted.
+    Corrupted(String),
 }
 
 impl CompiledRule {
@@ -372,31 +378,119 @@ impl CompiledRule {
         {
             return Ok(false);
         }
-        Ok(self.conditions.iter().all(|c| c.holds(object)))
-    }
-
-    /// Runs the rule on `doc` in place. The rule is atomic: when a mutation fails, the
-    /// journal puts back everything the rule had changed.
-    pub(crate) fn run(&self, subject: &Subject, doc: &mut Value) -> RuleResult {
-        match self.matches(subject, doc) {
-            Ok(true) => {}
-            Ok(false) => return RuleResult::NotMatched,
-            Err(e) => return RuleResult::Failed(e),
-        }
-        let mut journal = Journal::default();
-        let root = Pointer::root();
-        for (i, m) in self.mutations.iter().enumerate() {
-            if let Err(e) = m.apply(doc, &root, &mut journal) {
-                journal.rollback(doc);
-                return RuleResult::Failed(format!("spec.mutations[{i}]: {e}"));
+        for (i, c) in self.conditions.iter().enumerate() {
+            if !c
+                .holds(object)
+                .map_err(|e| format!("spec.conditions[{i}].path: {e}"))?
+            {
+                return Ok(false);
             }
         }
-        if journal.changed(doc) {
-            RuleResult::Changed(journal)
-        } else {
-            RuleResult::Unchanged
+        Ok(true)
+    }
+
+    /// `matches`, with anything unexpected inside (a bug, here or in a library) turned into
+    /// an error of this rule instead of taking the process down.
+    pub(crate) fn matches_guarded(
+        &self,
+        subject: &Subject,
+        object: &Value,
+    ) -> Result<bool, String> {
+        catch_unwind(AssertUnwindSafe(|| self.matches(subject, object)))
+            .unwrap_or_else(|panic| Err(internal_error(&panic)))
+    }
+
+    /// Runs the rule on `doc` in place. The rule is atomic: when a mutation fails (or goes
+    /// over a limit of `meter`), the journal puts back everything the rule had changed. This is
+    /// the last line of defence at the rule boundary: whatever happens inside, even a panic,
+    /// becomes this rule's failure, and the process and the other rules go on.
+    pub(crate) fn run(&self, subject: &Subject, doc: &mut Value, meter: &mut Meter) -> RuleResult {
+        match self.matches_guarded(subject, doc) {
+            Ok(true) => {}
+            Ok(false) => return RuleResult::NotMatched,
+            Err(e) => return RuleResult::Failed(Stop::Limit(e)),
+        }
+        meter.start_rule();
+        let mut journal = Journal::default();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.mutate(doc, &mut journal, meter)?;
+            check_identity(&journal, doc)
+        }))
+        .unwrap_or_else(|panic| Err(Stop::Limit(internal_error(&panic))));
+        match result {
+            Ok(()) if journal.changed(doc) => RuleResult::Changed(journal),
+            Ok(()) => RuleResult::Unchanged,
+            Err(stop) => match catch_unwind(AssertUnwindSafe(|| journal.rollback(doc))) {
+                Ok(()) => {
+                    meter.undo_rule();
+                    RuleResult::Failed(stop)
+                }
+                Err(panic) => RuleResult::Corrupted(format!(
+                    "{stop}; then undoing its changes failed: {}",
+                    internal_error(&panic)
+                )),
+            },
         }
     }
+
+    fn mutate(
+        &self,
+        doc: &mut Value,
+        journal: &mut Journal,
+        meter: &mut Meter,
+    ) -> Result<(), Stop> {
+        let root = Pointer::root();
+        for (i, m) in self.mutations.iter().enumerate() {
+            m.apply(doc, &root, journal, meter)
+                .map_err(|e| e.context(|e| format!("spec.mutations[{i}]: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// The fields that say which object this is. A rule that changed them would move the object
+/// to another name, namespace or type, which the API server refuses with a message that does
+/// not name the rule: the rule fails instead, named.
+fn check_identity(journal: &Journal, doc: &Value) -> Result<(), Stop> {
+    static IDENTITY: LazyLock<[(Pointer, &str); 4]> = LazyLock::new(|| {
+        [
+            (Pointer::from_tokens(["apiVersion"]), "apiVersion"),
+            (Pointer::from_tokens(["kind"]), "kind"),
+            (Pointer::from_tokens(["metadata", "name"]), "metadata.name"),
+            (
+                Pointer::from_tokens(["metadata", "namespace"]),
+                "metadata.namespace",
+            ),
+        ]
+    });
+    for (pointer, field) in IDENTITY.iter() {
+        if let Some(before) = journal.changed_at(doc, pointer) {
+            let show = |v: Option<&Value>| match v {
+                None => "nothing".to_string(),
+                Some(Value::String(s)) => format!("{s:?}"),
+                Some(other) => describe_value(other).to_string(),
+            };
+            return Err(Stop::Limit(format!(
+                "the rule would change {field} from {} to {}; a rule may not change an object's apiVersion, kind, name or namespace",
+                show(before.as_ref()),
+                show(pointer.get(doc))
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A sentence for a panic caught at the rule boundary.
+fn internal_error(panic: &Box<dyn std::any::Any + Send>) -> String {
+    let detail = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no detail".to_string());
+    format!(
+        "initium hit an internal error while running the rule ({}); the rule was skipped — please report this with the rule",
+        crate::engine::sanitize(&detail)
+    )
 }
 
 /// Compiles a rule, or lists every problem in it with its field path.
@@ -433,6 +527,14 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
             }
         }
     }
+    let regexes = count_regexes(spec);
+    if regexes > MAX_RULE_REGEXES {
+        errors.push(
+            "spec",
+            format!("the rule has {regexes} regular expressions (conditions' matches and rewrites); at most {MAX_RULE_REGEXES} are allowed: split it into several rules"),
+        );
+    }
+    let regex_limit = regex_share(regexes);
     let mut conditions = Vec::new();
     for (i, c) in spec.conditions.iter().enumerate() {
         let at = format!("spec.conditions[{i}]");
@@ -451,7 +553,7 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
                 );
                 None
             }
-            (Some(re), _, _) => compile_regex(re)
+            (Some(re), _, _) => compile_regex(re, regex_limit)
                 .map(Test::Matches)
                 .map_err(|e| errors.push(format!("{at}.matches"), e))
                 .ok(),
@@ -470,7 +572,9 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
         .mutations
         .iter()
         .enumerate()
-        .filter_map(|(i, m)| mutation::compile(m, &format!("spec.mutations[{i}]"), &mut errors))
+        .filter_map(|(i, m)| {
+            mutation::compile(m, &format!("spec.mutations[{i}]"), regex_limit, &mut errors)
+        })
         .collect();
     let gate = spec.gate.as_ref().and_then(|g| {
         let only_pods = !matcher.kinds.is_empty()
@@ -537,6 +641,28 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
         mutations,
         gate,
     })
+}
+
+/// The regular expressions of a rule: conditions' `matches` and rewrites, also in `forEach`.
+fn count_regexes(spec: &RuleSpec) -> usize {
+    let conditions = spec
+        .conditions
+        .iter()
+        .filter(|c| c.matches.is_some())
+        .count();
+    let rewrites: usize = spec
+        .mutations
+        .iter()
+        .map(|m| {
+            usize::from(m.rewrite.is_some())
+                + m.mutations
+                    .iter()
+                    .flatten()
+                    .filter(|n| n.rewrite.is_some())
+                    .count()
+        })
+        .sum();
+    conditions + rewrites
 }
 
 /// `30s`, `10m`, `1h`, `1h30m`, `500ms`.

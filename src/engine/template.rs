@@ -4,6 +4,7 @@
 
 use serde_json::{Map, Value};
 
+use super::limits::{MAX_DEPTH, Meter, Size, Stop, measure};
 use super::literal::Lit;
 use super::path::{Query, type_name};
 
@@ -41,6 +42,9 @@ enum Node {
 pub struct Template {
     node: Node,
     uses_element: bool,
+    /// The value as written in the rule (templates count as their text): what writing a
+    /// literal costs, and the fixed part of what writing a rendered one costs.
+    size: Size,
 }
 
 /// What templates can refer to.
@@ -55,7 +59,16 @@ impl Template {
     pub fn compile(value: &Value, element_allowed: bool) -> Result<Template, (String, String)> {
         let mut uses_element = false;
         let node = compile_node(value, "", element_allowed, &mut uses_element)?;
-        Ok(Template { node, uses_element })
+        Ok(Template {
+            node,
+            uses_element,
+            size: measure(value, usize::MAX, usize::MAX),
+        })
+    }
+
+    /// The size of the value as written in the rule.
+    pub fn size(&self) -> Size {
+        self.size
     }
 
     pub fn uses_element(&self) -> bool {
@@ -70,8 +83,11 @@ impl Template {
         }
     }
 
-    pub fn render(&self, scope: &Scope) -> Result<Value, String> {
-        render_node(&self.node, scope)
+    /// Renders the value. What the templates select is counted by `meter` before it is
+    /// copied, so a template that copies the object into itself stops at the output limit
+    /// instead of exhausting memory. The caller counts the fixed part ([`Template::size`]).
+    pub fn render(&self, scope: &Scope, meter: &mut Meter) -> Result<Value, Stop> {
+        render_node(&self.node, scope, meter)
     }
 }
 
@@ -165,25 +181,33 @@ fn compile_string(s: &str, element_allowed: bool, uses_element: &mut bool) -> Re
     Ok(Node::Parts(parts))
 }
 
-fn render_node(node: &Node, scope: &Scope) -> Result<Value, String> {
+fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, Stop> {
     Ok(match node {
         Node::Literal(v) => v.to_value(),
-        Node::Whole(expr) => select_one(expr, scope)?.clone(),
+        Node::Whole(expr) => {
+            let selected = select_one(expr, scope)?;
+            let size = measure(selected, meter.remaining(), MAX_DEPTH);
+            meter.write(size.bytes)?;
+            selected.clone()
+        }
         Node::Parts(parts) => {
             let mut out = String::new();
             for part in parts {
                 match part {
                     Part::Text(t) => out.push_str(t),
                     Part::Expr(expr) => match select_one(expr, scope)? {
-                        Value::String(s) => out.push_str(s),
+                        Value::String(s) => {
+                            meter.write(s.len())?;
+                            out.push_str(s)
+                        }
                         v @ (Value::Number(_) | Value::Bool(_)) => out.push_str(&v.to_string()),
                         Value::Null => {}
                         other => {
-                            return Err(format!(
+                            return Err(Stop::Limit(format!(
                                 "template {{{{ {} }}}} selected {}; inside a longer string only strings, numbers and booleans fit",
                                 expr.source,
                                 type_name(other)
-                            ));
+                            )));
                         }
                     },
                 }
@@ -193,13 +217,13 @@ fn render_node(node: &Node, scope: &Scope) -> Result<Value, String> {
         Node::Array(items) => Value::Array(
             items
                 .iter()
-                .map(|n| render_node(n, scope))
+                .map(|n| render_node(n, scope, meter))
                 .collect::<Result<_, _>>()?,
         ),
         Node::Object(entries) => {
             let mut map = Map::new();
             for (k, n) in entries {
-                map.insert(k.clone(), render_node(n, scope)?);
+                map.insert(k.clone(), render_node(n, scope, meter)?);
             }
             Value::Object(map)
         }
@@ -213,7 +237,10 @@ fn select_one<'a>(expr: &Expr, scope: &Scope<'a>) -> Result<&'a Value, String> {
             .element
             .ok_or_else(|| format!("template {{{{ {} }}}}: no forEach element", expr.source))?,
     };
-    let found = expr.query.select(doc);
+    let found = expr
+        .query
+        .select(doc)
+        .map_err(|e| format!("template {{{{ {} }}}}: {e}", expr.source))?;
     match found.as_slice() {
         [one] => Ok(one),
         [] => Err(format!(
@@ -234,9 +261,12 @@ mod tests {
     use serde_json::json;
 
     fn render(value: Value, object: &Value, element: Option<&Value>) -> Result<Value, String> {
+        let limits = crate::engine::Limits::default();
+        let mut meter = Meter::new(&limits, None);
         Template::compile(&value, true)
             .map_err(|e| e.1)?
-            .render(&Scope { object, element })
+            .render(&Scope { object, element }, &mut meter)
+            .map_err(|e| e.to_string())
     }
 
     #[test]

@@ -1,0 +1,354 @@
+//! Bounds on the work a rule may do, so that no rule a tenant can write stalls or crashes
+//! initium for everyone.
+//!
+//! Every rule is untrusted input. The engine bounds, for each admission:
+//! - how deep a rule may nest what it writes ([`MAX_DEPTH`]), so that no recursion over an
+//!   object (clone, drop, diff, serialization) can overflow a thread's stack;
+//! - how many bytes one rule, and all rules together, may write into the object (templates
+//!   that copy the object into itself, rewrites that double a string, forEach over many
+//!   elements): [`Limits::rule_output_bytes`], [`Limits::admission_output_bytes`];
+//! - how many element × mutation steps one rule's `forEach` may take
+//!   ([`Limits::foreach_steps`]);
+//! - how much a JSONPath query with descendant segments (`..`) may visit
+//!   ([`QUERY_WORK_LIMIT`]);
+//! - the latency budget, checked before every mutation and every few `forEach` elements,
+//!   not only between rules.
+//!
+//! A rule over a limit fails by its `failurePolicy`, its changes rolled back, with a sentence
+//! that names the field and the limit.
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+/// The deepest nesting, counted from the object's root, that a rule may write. The API
+/// server's own JSON decoder and `serde_json` (128) accept deeper objects, so whatever initium
+/// writes can be read back; Kubernetes objects rarely nest past 20.
+pub const MAX_DEPTH: usize = 100;
+
+/// Nodes a JSONPath query with descendant segments may visit in one evaluation (estimated
+/// before it runs as nodes × depth per further descendant segment).
+pub const QUERY_WORK_LIMIT: usize = 1_000_000;
+
+/// Descendant segments (`..`) one JSONPath query may have: each multiplies the work.
+pub const MAX_QUERY_DESCENDANTS: usize = 2;
+
+/// Nesting of brackets and parentheses in a JSONPath query (the parser is recursive).
+pub const MAX_QUERY_NESTING: usize = 32;
+
+/// Regular expressions one rule may have (conditions and rewrites together).
+pub const MAX_RULE_REGEXES: usize = 32;
+
+/// Compiled size of all of one rule's regular expressions together; each gets an equal share,
+/// at most [`MAX_REGEX_BYTES`].
+pub const RULE_REGEX_BYTES: usize = 1 << 20;
+
+/// Compiled size of one regular expression.
+pub const MAX_REGEX_BYTES: usize = 256 * 1024;
+
+/// Bounds on what rules may do to one object. The defaults suit `initium serve`; the flags
+/// of `initium serve` change them (see docs/reliability.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes (as JSON) one rule may write into an object: values it adds or replaces,
+    /// strings it rewrites, templates it renders.
+    pub rule_output_bytes: usize,
+    /// Bytes all rules together may write into one object.
+    pub admission_output_bytes: usize,
+    /// Element × mutation steps one rule's `forEach` mutations may take in one object.
+    pub foreach_steps: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            rule_output_bytes: 1 << 20,
+            admission_output_bytes: 4 << 20,
+            foreach_steps: 100_000,
+        }
+    }
+}
+
+/// The size of a JSON value: bytes as compact JSON (close enough: numbers count 8) and nesting
+/// depth (0 for a scalar).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Size {
+    pub bytes: usize,
+    pub depth: usize,
+}
+
+/// Measures `value` without recursion, stopping early (with what it has counted so far, more
+/// than `max_bytes` or deeper than `max_depth`) once either is passed.
+pub fn measure(value: &Value, max_bytes: usize, max_depth: usize) -> Size {
+    let mut size = Size::default();
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((v, depth)) = stack.pop() {
+        size.depth = size.depth.max(depth);
+        size.bytes += match v {
+            Value::Null | Value::Bool(_) => 5,
+            Value::Number(_) => 8,
+            Value::String(s) => s.len() + 2,
+            Value::Array(items) => {
+                stack.extend(items.iter().map(|i| (i, depth + 1)));
+                2 + items.len()
+            }
+            Value::Object(map) => {
+                stack.extend(map.values().map(|i| (i, depth + 1)));
+                2 + map.keys().map(|k| k.len() + 4).sum::<usize>()
+            }
+        };
+        if size.bytes > max_bytes || size.depth > max_depth {
+            break;
+        }
+    }
+    size
+}
+
+/// Counts the nodes of `value`, without recursion, stopping once past `max`.
+pub fn count_nodes(value: &Value, max: usize) -> usize {
+    let mut count = 0;
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        count += 1;
+        if count > max {
+            break;
+        }
+        match v {
+            Value::Array(items) => stack.extend(items.iter()),
+            Value::Object(map) => stack.extend(map.values()),
+            _ => {}
+        }
+    }
+    count
+}
+
+/// Why a rule stopped: over a limit (a sentence for the client) or out of time.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Stop {
+    Limit(String),
+    Budget,
+}
+
+impl From<String> for Stop {
+    fn from(message: String) -> Self {
+        Stop::Limit(message)
+    }
+}
+
+impl From<&str> for Stop {
+    fn from(message: &str) -> Self {
+        Stop::Limit(message.to_string())
+    }
+}
+
+impl Stop {
+    /// The same stop, its message put in context (the budget needs none).
+    pub fn context(self, f: impl FnOnce(String) -> String) -> Stop {
+        match self {
+            Stop::Limit(message) => Stop::Limit(f(message)),
+            Stop::Budget => Stop::Budget,
+        }
+    }
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::Limit(message) => f.write_str(message),
+            Stop::Budget => f.write_str("the latency budget ran out while the rule was running"),
+        }
+    }
+}
+
+/// Counts what the rules of one admission write and how long they take.
+pub(crate) struct Meter<'a> {
+    limits: &'a Limits,
+    deadline: Option<Instant>,
+    rule_written: usize,
+    total_written: usize,
+    steps: usize,
+    ticks: u32,
+}
+
+/// Steps between two looks at the clock inside a rule.
+const CLOCK_STRIDE: u32 = 8;
+
+impl<'a> Meter<'a> {
+    pub fn new(limits: &'a Limits, deadline: Option<Instant>) -> Meter<'a> {
+        Meter {
+            limits,
+            deadline,
+            rule_written: 0,
+            total_written: 0,
+            steps: 0,
+            ticks: 0,
+        }
+    }
+
+    /// Starts counting for the next rule.
+    pub fn start_rule(&mut self) {
+        self.rule_written = 0;
+        self.steps = 0;
+    }
+
+    /// Bytes the current rule may still write.
+    pub fn remaining(&self) -> usize {
+        (self.limits.rule_output_bytes - self.rule_written.min(self.limits.rule_output_bytes)).min(
+            self.limits.admission_output_bytes
+                - self.total_written.min(self.limits.admission_output_bytes),
+        )
+    }
+
+    /// Counts `bytes` written by the current rule; over a limit, counts nothing and fails.
+    pub fn write(&mut self, bytes: usize) -> Result<(), Stop> {
+        let rule = self.rule_written.saturating_add(bytes);
+        let total = self.total_written.saturating_add(bytes);
+        if rule > self.limits.rule_output_bytes {
+            return Err(Stop::Limit(format!(
+                "the rule would write more than {} into the object (the per-rule output limit, --max-rule-output)",
+                human_bytes(self.limits.rule_output_bytes)
+            )));
+        }
+        if total > self.limits.admission_output_bytes {
+            return Err(Stop::Limit(format!(
+                "the rules together would write more than {} into the object (the per-object output limit, --max-admission-output)",
+                human_bytes(self.limits.admission_output_bytes)
+            )));
+        }
+        self.rule_written = rule;
+        self.total_written = total;
+        Ok(())
+    }
+
+    /// The current rule failed and its changes were undone: what it wrote no longer counts
+    /// against the other rules.
+    pub fn undo_rule(&mut self) {
+        self.total_written -= self.rule_written.min(self.total_written);
+        self.rule_written = 0;
+    }
+
+    /// Counts a value of `size` written `at_depth` levels below the object's root.
+    pub fn write_sized(&mut self, size: Size, at_depth: usize) -> Result<(), Stop> {
+        check_depth(size.depth, at_depth)?;
+        self.write(size.bytes)
+    }
+
+    /// Before `elements` × `mutations` forEach steps.
+    pub fn plan_steps(&mut self, elements: usize, mutations: usize) -> Result<(), Stop> {
+        self.steps = self
+            .steps
+            .saturating_add(elements.saturating_mul(mutations));
+        if self.steps > self.limits.foreach_steps {
+            return Err(Stop::Limit(format!(
+                "forEach would take more than {} element × mutation steps (the limit, --max-foreach-steps): {elements} elements × {mutations} mutations",
+                self.limits.foreach_steps
+            )));
+        }
+        Ok(())
+    }
+
+    /// Before a unit of work: looks at the clock every few calls.
+    pub fn tick(&mut self) -> Result<(), Stop> {
+        self.ticks = self.ticks.wrapping_add(1);
+        if self.ticks.is_multiple_of(CLOCK_STRIDE) {
+            self.check_clock()?;
+        }
+        Ok(())
+    }
+
+    /// Looks at the clock now.
+    pub fn check_clock(&self) -> Result<(), Stop> {
+        match self.deadline {
+            Some(d) if Instant::now() >= d => Err(Stop::Budget),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A value `depth` levels deep written `at_depth` levels below the root must stay within
+/// [`MAX_DEPTH`].
+pub(crate) fn check_depth(depth: usize, at_depth: usize) -> Result<(), Stop> {
+    if depth.saturating_add(at_depth) > MAX_DEPTH {
+        return Err(Stop::Limit(format!(
+            "the rule would nest the object more than {MAX_DEPTH} levels deep (the depth limit)"
+        )));
+    }
+    Ok(())
+}
+
+/// `1 MiB`, `512 KiB`, `100 bytes`.
+pub fn human_bytes(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn measures_bytes_and_depth_and_stops_early() {
+        assert_eq!(measure(&json!("abc"), usize::MAX, usize::MAX).depth, 0);
+        assert_eq!(measure(&json!({}), usize::MAX, usize::MAX).depth, 0);
+        assert_eq!(measure(&json!({"a": {"b": [1]}}), usize::MAX, 99).depth, 3);
+        let big = json!({"a": "x".repeat(1000)});
+        assert!(measure(&big, usize::MAX, 99).bytes > 1000);
+        // A deep chain is measured without recursion and only as far as needed.
+        let mut deep = json!(1);
+        for _ in 0..10_000 {
+            deep = json!([deep]);
+        }
+        let size = measure(&deep, usize::MAX, 50);
+        assert_eq!(size.depth, 51);
+        assert!(size.bytes < 200, "{size:?}");
+        // Tear the chain down iteratively too: dropping 10,000 levels recursively would
+        // be the very overflow these limits prevent.
+        let mut v = deep;
+        while let Value::Array(mut items) = v {
+            v = items.pop().unwrap_or(Value::Null);
+        }
+    }
+
+    #[test]
+    fn meter_counts_per_rule_and_per_admission() {
+        let limits = Limits {
+            rule_output_bytes: 100,
+            admission_output_bytes: 150,
+            foreach_steps: 10,
+        };
+        let mut meter = Meter::new(&limits, None);
+        meter.start_rule();
+        assert!(meter.write(90).is_ok());
+        let err = meter.write(20).unwrap_err().to_string();
+        assert!(err.contains("more than 100 bytes"), "{err}");
+        meter.start_rule();
+        assert!(meter.write(40).is_ok());
+        let err = meter.write(30).unwrap_err().to_string();
+        assert!(err.contains("--max-admission-output"), "{err}");
+        // A failed rule's writes are undone and no longer count.
+        meter.undo_rule();
+        meter.start_rule();
+        assert!(meter.write(60).is_ok());
+        meter.start_rule();
+        assert!(meter.plan_steps(5, 2).is_ok());
+        assert!(meter.plan_steps(1, 1).is_err());
+        assert!(check_depth(10, MAX_DEPTH - 10).is_ok());
+        assert!(check_depth(11, MAX_DEPTH - 10).is_err());
+    }
+
+    #[test]
+    fn an_expired_deadline_stops_at_the_next_look() {
+        let limits = Limits::default();
+        let meter = Meter::new(&limits, Some(Instant::now()));
+        assert_eq!(meter.check_clock(), Err(Stop::Budget));
+        let mut meter = Meter::new(&limits, Some(Instant::now()));
+        let stopped = (0..CLOCK_STRIDE).any(|_| meter.tick().is_err());
+        assert!(stopped);
+    }
+}
