@@ -98,7 +98,8 @@ fn assert_contained(outcome: &Outcome, original: &Value, expect: &str) {
 fn chained_foreach_that_nests_the_object_deeper_stops_at_the_depth_limit() {
     // Every step wraps every value of the object in two more levels: the object doubles
     // in depth and in size each time. This overflowed the stack.
-    let step = json!({"forEach": "$..*", "mutations": [{"merge": {"w": {"w": "{{ @ }}"}}}]});
+    let step =
+        json!({"forEach": "$..[?@.name]", "mutations": [{"merge": {"w": {"w": "{{ @ }}"}}}]});
     let hostile = mr(
         "team",
         "hostile",
@@ -107,7 +108,31 @@ fn chained_foreach_that_nests_the_object_deeper_stops_at_the_depth_limit() {
     let idx = index(vec![hostile, good_rule()]);
     let original = pod(2);
     let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
-    assert_contained(&outcome, &original, "spec.mutations[");
+    assert_contained(
+        &outcome,
+        &original,
+        "more than 100 levels deep (the depth limit)",
+    );
+}
+
+#[test]
+fn a_foreach_element_replaced_by_an_earlier_step_is_named() {
+    // `$..*` selects a list and then its elements; merging into the list replaces it with an
+    // object, so its elements are gone when their turn comes.
+    let hostile = mr(
+        "team",
+        "hostile",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"forEach": "$..*", "mutations": [{"merge": {"w": "{{ @ }}"}}]}]}),
+    );
+    let idx = index(vec![hostile, good_rule()]);
+    let original = pod(1);
+    let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
+    assert_contained(
+        &outcome,
+        &original,
+        "the forEach element no longer exists: an earlier step of this forEach removed or replaced it",
+    );
 }
 
 #[test]
@@ -418,4 +443,45 @@ fn names_with_terminal_escapes_are_escaped_in_messages() {
         "{:?}",
         outcome.warnings[0]
     );
+}
+
+#[test]
+fn the_cli_survives_every_bundled_hostile_rule_and_still_applies_the_good_one() {
+    // tests/data/hostile holds the shapes that once took initium down, each beside a good rule;
+    // the same files are created through the API server in the fault tests.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hostile");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("tests/data/hostile")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n != "pod.yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 6, "{files:?}");
+    for file in files {
+        let name = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_initium"))
+            .args(["apply", "-o", "json", "-r"])
+            .arg(&file)
+            .arg("-f")
+            .arg(dir.join("pod.yaml"))
+            .output()
+            .expect("run initium");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("warning: MutationRule team/{name} skipped: ")),
+            "{name}: {stderr}"
+        );
+        let out: Value = serde_json::from_slice(&output.stdout).expect("JSON output");
+        assert_eq!(
+            out["items"][0]["metadata"]["labels"]["good"], "yes",
+            "{name}"
+        );
+        assert_eq!(out["items"][0]["metadata"]["name"], "p", "{name}");
+    }
 }

@@ -235,7 +235,12 @@ fn select_one<'a>(expr: &Expr, scope: &Scope<'a>) -> Result<&'a Value, String> {
         Root::Object => scope.object,
         Root::Element => scope
             .element
-            .ok_or_else(|| format!("template {{{{ {} }}}}: no forEach element", expr.source))?,
+            .ok_or_else(|| {
+                format!(
+                    "template {{{{ {} }}}}: the forEach element no longer exists: an earlier step of this forEach removed or replaced it",
+                    expr.source
+                )
+            })?,
     };
     let found = expr
         .query
