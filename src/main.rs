@@ -19,7 +19,14 @@ fn main() -> ExitCode {
     match initium::cli::run(cli.command, &mut out, &mut err) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            // Errors can quote what a client or a rule wrote: control characters are escaped
+            // (line breaks kept), so they cannot drive the terminal.
+            let text = e.to_string();
+            let lines: Vec<String> = text
+                .lines()
+                .map(initium::cli::serve::escape_controls)
+                .collect();
+            eprintln!("error: {}", lines.join("\n"));
             ExitCode::FAILURE
         }
     }

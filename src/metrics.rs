@@ -1,7 +1,15 @@
 //! Prometheus metrics (served on `/metrics` of the operations port).
+//!
+//! Every label value comes from a bounded set, whatever clients send: a kind only when a Ready
+//! rule names it (else `other`), a rule only while it is in the index, an operation only from
+//! the four Kubernetes knows. A client cannot grow `/metrics`, nor initium's memory with it.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
+
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -16,10 +24,82 @@ pub struct AdmissionLabels {
     pub result: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RuleLabels {
-    /// `namespace/name` for a MutationRule, `name` for a ClusterMutationRule.
-    pub rule: String,
+/// A counter per rule (`rule` label: `namespace/name` for a MutationRule, `name` for a
+/// ClusterMutationRule). Unlike a `Family`, series can be dropped by a predicate: the series
+/// of rules that left the index are dropped, so deleted rules do not pile up.
+#[derive(Clone, Debug, Default)]
+pub struct RuleCounters {
+    series: Arc<RwLock<HashMap<String, Counter>>>,
+}
+
+impl RuleCounters {
+    /// Adds one to `rule`'s counter.
+    pub fn inc(&self, rule: &str) {
+        if let Some(counter) = self
+            .series
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(rule)
+        {
+            counter.inc();
+            return;
+        }
+        self.series
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(rule.to_string())
+            .or_default()
+            .inc();
+    }
+
+    /// The counter of `rule`, if it has a series.
+    pub fn get(&self, rule: &str) -> Option<u64> {
+        self.series
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(rule)
+            .map(Counter::get)
+    }
+
+    /// Number of series.
+    pub fn len(&self) -> usize {
+        self.series
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps only the series of rules for which `keep` holds.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let mut series = self.series.write().unwrap_or_else(PoisonError::into_inner);
+        if series.keys().any(|rule| !keep(rule)) {
+            series.retain(|rule, _| keep(rule));
+        }
+    }
+}
+
+impl EncodeMetric for RuleCounters {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let series = self.series.read().unwrap_or_else(PoisonError::into_inner);
+        let mut rules: Vec<(&String, &Counter)> = series.iter().collect();
+        rules.sort_by(|a, b| a.0.cmp(b.0));
+        for (rule, counter) in rules {
+            counter.encode(encoder.encode_family(&[("rule", rule.as_str())])?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+
+    fn is_empty(&self) -> bool {
+        RuleCounters::is_empty(self)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,9 +126,9 @@ pub struct Metrics {
     /// Time from the request's arrival to the response, by kind, operation and result.
     pub admission_duration: Family<AdmissionLabels, Histogram, fn() -> Histogram>,
     /// Times a rule changed an object.
-    pub rule_applied: Family<RuleLabels, Counter>,
+    pub rule_applied: RuleCounters,
     /// Times a rule failed (skipped with `Ignore`, or denied with `Fail`).
-    pub rule_errors: Family<RuleLabels, Counter>,
+    pub rule_errors: RuleCounters,
     /// Requests whose latency budget ran out before every rule had run.
     pub budget_overruns: Counter,
     /// Rules by state.
@@ -64,8 +144,8 @@ impl Default for Metrics {
             Family::<AdmissionLabels, Histogram, fn() -> Histogram>::new_with_constructor(
                 admission_histogram as fn() -> Histogram,
             );
-        let rule_applied = Family::<RuleLabels, Counter>::default();
-        let rule_errors = Family::<RuleLabels, Counter>::default();
+        let rule_applied = RuleCounters::default();
+        let rule_errors = RuleCounters::default();
         let budget_overruns = Counter::default();
         let rules = Family::<StateLabels, Gauge>::default();
         let leader = Gauge::default();

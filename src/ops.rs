@@ -29,21 +29,21 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Readiness: only once every rule (and namespace) has been listed, so a new replica does not
-/// admit objects with an empty or partial index.
+/// Readiness: only while the webhook can answer, that is once every rule (and namespace) has
+/// been listed, so a new replica does not admit objects with an empty or partial index, and
+/// while the webhook server accepts connections (not before it starts, not after it stops or
+/// once shutdown has begun).
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
-    if shared.is_synced() {
-        "ok".into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the rules and namespaces have not been listed yet",
-        )
-            .into_response()
-    }
+    let not_ready = match (shared.is_webhook_serving(), shared.is_synced()) {
+        (true, true) => return "ok".into_response(),
+        (false, _) => "not ready: the webhook server is not accepting connections",
+        (true, false) => "not ready: the rules and namespaces have not been listed yet",
+    };
+    (StatusCode::SERVICE_UNAVAILABLE, not_ready).into_response()
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    shared.prune_metrics();
     (
         [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
         shared.metrics.encode(),

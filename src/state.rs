@@ -3,13 +3,16 @@
 //! Readers never wait: the rule index and the namespace labels are swapped whole
 //! (`ArcSwap`), so a request sees one consistent index from start to end.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use tokio::sync::Semaphore;
 
+use crate::admission::Limits;
+use crate::admission::limits::InflightBytes;
 use crate::engine::RuleIndex;
 use crate::metrics::Metrics;
 
@@ -24,6 +27,12 @@ pub struct AdmissionConfig {
     /// Requests with bodies larger than this are evaluated on the blocking pool rather
     /// than inline on the async runtime.
     pub inline_body_limit: usize,
+    /// Namespaces whose objects are never mutated, whatever a review says: initium's own
+    /// namespace and `--exclude-namespace`. The webhook configuration keeps them out too; this
+    /// holds for reviews sent straight to the port.
+    pub excluded_namespaces: Vec<String>,
+    /// Limits of the webhook server (connections, timeouts, bytes, blocking work).
+    pub limits: Limits,
 }
 
 impl Default for AdmissionConfig {
@@ -31,6 +40,8 @@ impl Default for AdmissionConfig {
         AdmissionConfig {
             budget: Duration::from_millis(DEFAULT_BUDGET_MS),
             inline_body_limit: 64 * 1024,
+            excluded_namespaces: vec!["kube-system".into()],
+            limits: Limits::default(),
         }
     }
 }
@@ -45,17 +56,76 @@ pub struct Shared {
     pub namespaces: ArcSwap<NamespaceLabels>,
     /// Set once the rules (and namespaces) have been listed completely: `/readyz`.
     synced: AtomicBool,
+    /// Set while the webhook server accepts connections: `/readyz`.
+    webhook_serving: AtomicBool,
     pub metrics: Metrics,
     pub config: AdmissionConfig,
+    /// Bytes of request bodies in flight, across all connections.
+    pub(crate) inflight: Arc<InflightBytes>,
+    /// Turns to compile a rule on `/validate`.
+    pub(crate) validations: Arc<Semaphore>,
+    /// Turns to evaluate a large review on the blocking pool.
+    pub(crate) blocking_reviews: Arc<Semaphore>,
+    /// Which label values the metrics may use, for the index it was built from.
+    labels: ArcSwap<LabelView>,
+}
+
+/// The label values an index allows: the exact kinds its rules name, and its rules.
+#[derive(Debug, Default)]
+pub(crate) struct LabelView {
+    index: Weak<RuleIndex>,
+    kinds: HashSet<String>,
+    rules: HashSet<String>,
+}
+
+impl LabelView {
+    fn of(index: &Arc<RuleIndex>) -> LabelView {
+        let mut kinds = HashSet::new();
+        let mut rules = HashSet::new();
+        for rule in index.rules() {
+            rules.insert(rule.id.to_string());
+            for pattern in rule.kinds() {
+                if let Some(kind) = pattern.kind.exact() {
+                    kinds.insert(kind.to_string());
+                }
+            }
+        }
+        LabelView {
+            index: Arc::downgrade(index),
+            kinds,
+            rules,
+        }
+    }
+
+    /// Whether it was built from `index`. The view holds a `Weak` to it, so the address cannot
+    /// be reused by another index while the view lives.
+    fn is_for(&self, index: &Arc<RuleIndex>) -> bool {
+        std::ptr::eq(self.index.as_ptr(), Arc::as_ptr(index))
+    }
+
+    /// `kind` if a Ready rule names it exactly, else `other`.
+    pub(crate) fn kind<'a>(&self, kind: &'a str) -> &'a str {
+        if self.kinds.contains(kind) {
+            kind
+        } else {
+            "other"
+        }
+    }
 }
 
 impl Shared {
     pub fn new(config: AdmissionConfig) -> Arc<Shared> {
+        let limits = &config.limits;
         Arc::new(Shared {
             rules: ArcSwap::from_pointee(RuleIndex::default()),
             namespaces: ArcSwap::from_pointee(NamespaceLabels::new()),
             synced: AtomicBool::new(false),
+            webhook_serving: AtomicBool::new(false),
             metrics: Metrics::default(),
+            inflight: InflightBytes::new(limits.max_inflight_bytes),
+            validations: Arc::new(Semaphore::new(limits.max_concurrent_validations)),
+            blocking_reviews: Arc::new(Semaphore::new(limits.max_blocking_reviews)),
+            labels: ArcSwap::from_pointee(LabelView::default()),
             config,
         })
     }
@@ -66,5 +136,52 @@ impl Shared {
 
     pub fn mark_synced(&self) {
         self.synced.store(true, Ordering::Release);
+    }
+
+    /// Whether the webhook server accepts connections now.
+    pub fn is_webhook_serving(&self) -> bool {
+        self.webhook_serving.load(Ordering::Acquire)
+    }
+
+    pub fn set_webhook_serving(&self, serving: bool) {
+        self.webhook_serving.store(serving, Ordering::Release);
+    }
+
+    /// Whether objects in `namespace` are never mutated.
+    pub fn is_excluded_namespace(&self, namespace: &str) -> bool {
+        self.config
+            .excluded_namespaces
+            .iter()
+            .any(|excluded| excluded == namespace)
+    }
+
+    /// The metric label values `index` allows. Rebuilt once per index (a rule change), and then
+    /// the series of rules no longer in the index are dropped.
+    pub(crate) fn labels(&self, index: &Arc<RuleIndex>) -> Arc<LabelView> {
+        let view = self.labels.load_full();
+        if view.is_for(index) {
+            return view;
+        }
+        let view = Arc::new(LabelView::of(index));
+        // A request that loaded the index just before a swap must not roll the view back.
+        if Arc::ptr_eq(&self.rules.load(), index) {
+            self.labels.store(view.clone());
+            self.prune_rule_series(&view);
+        }
+        view
+    }
+
+    /// Drops the rule series of rules that are no longer in the index. Also run before every
+    /// scrape, which catches a series a request still working on an older index re-created.
+    pub fn prune_metrics(&self) {
+        let index = self.rules.load_full();
+        let view = self.labels(&index);
+        self.prune_rule_series(&view);
+    }
+
+    fn prune_rule_series(&self, view: &LabelView) {
+        let keep = |rule: &str| view.rules.contains(rule);
+        self.metrics.rule_applied.retain(keep);
+        self.metrics.rule_errors.retain(keep);
     }
 }

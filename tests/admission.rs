@@ -776,6 +776,159 @@ async fn bodies_over_8_mib_get_413() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Excluded namespaces and bounded metric labels (issue 15)
+
+/// A rule that labels every object of every kind, in every namespace.
+fn everything_rule() -> Value {
+    cluster_rule(
+        "everything",
+        json!({"match": {"kinds": ["*"]},
+               "mutations": [{"merge": {"metadata": {"labels": {"touched": "yes"}}}}]}),
+    )
+}
+
+fn namespace_review(name: &str) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "5b0a5f7e-namespace", "operation": "CREATE", "name": name,
+            "kind": {"group": "", "version": "v1", "kind": "Namespace"},
+            "resource": {"group": "", "version": "v1", "resource": "namespaces"},
+            "object": {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        }
+    })
+}
+
+#[tokio::test]
+async fn reviews_claiming_an_excluded_namespace_are_allowed_unchanged() {
+    let config = AdmissionConfig {
+        excluded_namespaces: vec!["initium-system".into(), "kube-system".into()],
+        ..AdmissionConfig::default()
+    };
+    let shared = shared_with(vec![everything_rule()], config);
+
+    // The control: a Pod elsewhere is mutated.
+    let review_in = |namespace: &str, object_namespace: &str| {
+        let mut review = review("pod-create");
+        review["request"]["namespace"] = json!(namespace);
+        review["request"]["object"]["metadata"]["namespace"] = json!(object_namespace);
+        review
+    };
+    let control = review_in("payments", "payments");
+    let pod = patched(&control, &mutate(&shared, &control).await);
+    assert_eq!(pod["metadata"]["labels"]["touched"], "yes");
+
+    for (namespace, object_namespace) in [
+        ("kube-system", "kube-system"),
+        ("initium-system", "initium-system"),
+        // The review and the object disagree: either one in an excluded namespace is enough.
+        ("payments", "kube-system"),
+        ("kube-system", "payments"),
+    ] {
+        let review = review_in(namespace, object_namespace);
+        let response = mutate(&shared, &review).await;
+        assert_unchanged(&response);
+        assert!(
+            response.get("warnings").is_none(),
+            "{namespace}/{object_namespace}: {response:#}"
+        );
+    }
+    for name in ["kube-system", "initium-system"] {
+        assert_unchanged(&mutate(&shared, &namespace_review(name)).await);
+    }
+    let other = namespace_review("team-a");
+    let namespace = patched(&other, &mutate(&shared, &other).await);
+    assert_eq!(namespace["metadata"]["labels"]["touched"], "yes");
+}
+
+/// A CREATE review of an object of the given kind (a kind no API server serves).
+fn review_of_kind(kind: &str, i: usize) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("uid-{i}"), "operation": "CREATE", "namespace": "payments",
+            "kind": {"group": "example.com", "version": "v1", "kind": kind},
+            "resource": {"group": "example.com", "version": "v1", "resource": "things"},
+            "object": {"apiVersion": "example.com/v1", "kind": kind,
+                       "metadata": {"name": format!("x{i}"), "namespace": "payments"}}
+        }
+    })
+}
+
+#[tokio::test]
+async fn metric_kind_labels_are_only_kinds_that_ready_rules_name() {
+    let shared = shared(example_rules("test-ca"));
+    let pod = review("pod-create");
+    mutate(&shared, &pod).await;
+    let before = metrics(&shared).await.len();
+    // What an attacker with access to the port sends: a new kind on every request.
+    for i in 0..500 {
+        mutate(&shared, &review_of_kind(&format!("Kind{i}"), i)).await;
+        validate(&shared, &review_of_kind(&format!("Rule{i}"), i)).await;
+    }
+    let text = metrics(&shared).await;
+    assert!(
+        !text.contains("kind=\"Kind") && !text.contains("kind=\"Rule"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"initium_admission_duration_seconds_count{kind="other",operation="CREATE",result="unchanged"}"#
+        ),
+        Some(1000.0),
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            r#"initium_admission_duration_seconds_count{kind="Pod",operation="CREATE",result="mutated"}"#
+        )
+        .is_some(),
+        "a kind a Ready rule names keeps its label: {text}"
+    );
+    // One series for all of them: the exposition grew by one histogram, not by 1,000.
+    assert!(
+        text.len() < before + 4096,
+        "/metrics grew from {before} to {} bytes",
+        text.len()
+    );
+}
+
+#[tokio::test]
+async fn rule_series_go_away_with_their_rule() {
+    let shared = shared(example_rules("test-ca"));
+    mutate(&shared, &review("pod-create")).await;
+    let text = metrics(&shared).await;
+    assert_eq!(
+        sample(
+            &text,
+            r#"initium_rule_applied_total{rule="payments/test-certs"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    // The rule is deleted: the watch swaps in an index without it.
+    let replacement = cluster_rule(
+        "still-here",
+        json!({"match": {"kinds": ["Pod"]},
+               "mutations": [{"merge": {"metadata": {"labels": {"kept": "yes"}}}}]}),
+    );
+    let compiled = compile_document(&replacement, "default").unwrap_or_else(|e| panic!("{e}"));
+    shared.rules.store(Arc::new(RuleIndex::new(vec![compiled])));
+    let text = metrics(&shared).await;
+    assert!(!text.contains("payments/test-certs"), "{text}");
+    mutate(&shared, &review("pod-create")).await;
+    let text = metrics(&shared).await;
+    assert!(!text.contains("payments/test-certs"), "{text}");
+    assert_eq!(
+        sample(&text, r#"initium_rule_applied_total{rule="still-here"}"#),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // Operations port
 
 #[tokio::test]
@@ -787,9 +940,39 @@ async fn readyz_waits_for_the_first_sync_and_healthz_does_not() {
     let (status, body) = send(ops(), "GET", "/readyz", vec![]).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(String::from_utf8_lossy(&body).contains("not ready"));
+    shared.set_webhook_serving(true);
     shared.mark_synced();
     let (status, body) = send(ops(), "GET", "/readyz", vec![]).await;
     assert_eq!((status, body.as_slice()), (StatusCode::OK, &b"ok"[..]));
+}
+
+#[tokio::test]
+async fn readyz_is_not_ready_while_the_webhook_server_is_not_serving() {
+    let shared = shared(vec![]);
+    let ops = || initium::ops::router(shared.clone());
+    shared.mark_synced();
+    let (status, body) = send(ops(), "GET", "/readyz", vec![]).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "synced, but no webhook server"
+    );
+    assert!(
+        String::from_utf8_lossy(&body).contains("webhook server is not accepting connections"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    shared.set_webhook_serving(true);
+    assert_eq!(
+        send(ops(), "GET", "/readyz", vec![]).await.0,
+        StatusCode::OK
+    );
+    // Shutdown has begun, or the server stopped.
+    shared.set_webhook_serving(false);
+    assert_eq!(
+        send(ops(), "GET", "/readyz", vec![]).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
 }
 
 #[tokio::test]
@@ -824,10 +1007,11 @@ async fn metrics_are_openmetrics_text() {
         "{text}"
     );
     // A bucket at 250 µs: the share of requests answered within it reads straight off it.
+    // (No rule names Pod, so its kind label is `other`.)
     assert_eq!(
         sample(
             &text,
-            r#"initium_admission_duration_seconds_bucket{le="0.00025",kind="Pod",operation="CREATE",result="unchanged"}"#
+            r#"initium_admission_duration_seconds_bucket{le="0.00025",kind="other",operation="CREATE",result="unchanged"}"#
         )
         .map(|count| count <= 1.0),
         Some(true),
@@ -953,8 +1137,9 @@ mod https {
         .expect("TLS configuration");
 
         let handle: Handle<SocketAddr> = Handle::new();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         let server = tokio::spawn(initium::admission::serve(
-            SocketAddr::from(([127, 0, 0, 1], 0)),
+            listener,
             tls,
             shared(example_rules("test-ca")),
             handle.clone(),

@@ -4,6 +4,7 @@
 //! is the validating webhook for the rules themselves. Handlers parse the AdmissionReview, call
 //! the engine and answer; nothing on this path waits on the network.
 
+pub(crate) mod limits;
 mod mutate;
 mod review;
 mod validate;
@@ -14,44 +15,62 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum_server::Handle;
-use axum_server::tls_rustls::RustlsConfig;
+use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
+use futures::StreamExt as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::AdmissionLabels;
 use crate::state::Shared;
 
+pub use limits::Limits;
 pub use review::WARNING_MAX_CHARS;
 
-/// Largest AdmissionReview accepted (413 above). The API server caps an object at 3 MiB and an
-/// UPDATE review carries two of them; 8 MiB leaves room without inviting abuse.
+use limits::{ConnectionLimit, Reservation};
+
+/// Default largest AdmissionReview accepted (413 above; `--max-body-bytes`). The API server
+/// caps an object at 3 MiB and an UPDATE review carries two of them; 8 MiB leaves room without
+/// inviting abuse.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 /// A connection that has not sent a complete first request by then is closed: the API server
 /// sends its request right after the handshake, so only stuck or hostile clients hit this.
+/// (Also bounds HTTP/2's preface, which no header timeout covers.)
 const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The webhook routes. Bodies above [`MAX_BODY_BYTES`] get 413; a body that is not an
-/// AdmissionReview gets 400 with a one-line reason.
+/// TLS handshakes that take longer are dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// HTTP/2 pings on idle connections: a peer that stops answering is dropped.
+const HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The webhook routes. Bodies above `--max-body-bytes` get 413; a body that is not an
+/// AdmissionReview gets 400 with a one-line reason; a body that does not arrive within
+/// `--body-read-timeout` gets 408; a body that would take the bytes in flight over
+/// `--max-inflight-bytes` gets 503.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(shared)
 }
 
-/// Serves [`router`] over HTTPS until `handle` shuts it down; `handle.graceful_shutdown`
-/// stops accepting and lets requests in flight finish.
+/// Serves [`router`] over HTTPS on `listener` (already bound: `initium serve` binds before it
+/// does anything else, so a port in use stops it at once) until `handle` shuts it down;
+/// `handle.graceful_shutdown` stops accepting and lets requests in flight finish. While it
+/// serves, `shared` says so (`/readyz`).
 ///
 /// rustls speaks TLS 1.2 and 1.3 only. HTTP/1.1 and HTTP/2 are both served; HTTP/2 is offered
 /// through ALPN when `tls` lists it, as `RustlsConfig::from_pem` and friends do. The rustls
-/// crypto provider must be installed by the caller (the binary's `main`).
+/// crypto provider must be installed by the caller (the binary's `main`). The limits come from
+/// `shared.config.limits`.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: std::net::TcpListener,
     tls: RustlsConfig,
     shared: Arc<Shared>,
     handle: Handle<SocketAddr>,
@@ -61,7 +80,12 @@ pub async fn serve(
             "the webhook's TLS configuration offers no ALPN protocols; clients will use HTTP/1.1"
         );
     }
-    axum_server::bind_rustls(addr, tls)
+    let limits = &shared.config.limits;
+    let acceptor = RustlsAcceptor::new(tls)
+        .handshake_timeout(HANDSHAKE_TIMEOUT)
+        .acceptor(ConnectionLimit::new(limits.max_connections));
+    let mut server = axum_server::from_tcp(listener)?
+        .acceptor(acceptor)
         .handle(handle)
         .first_request_timeout(FIRST_REQUEST_TIMEOUT)
         .accept_error_handler(|peer, error| {
@@ -69,9 +93,40 @@ pub async fn serve(
             // caBundle: the API server then reports "x509: certificate signed by unknown
             // authority"); at debug, because port scans and probes fail the same way.
             tracing::debug!(peer = ?peer, %error, "webhook connection failed before its first request");
-        })
-        .serve(router(shared).into_make_service())
-        .await
+        });
+    let builder = server.http_builder();
+    builder
+        .http1()
+        // hyper applies it to every request on a connection, and to an idle keep-alive
+        // connection waiting for its next request.
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes);
+    builder
+        .http2()
+        .max_concurrent_streams(limits.http2_max_concurrent_streams)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(HTTP2_KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(HTTP2_KEEP_ALIVE_TIMEOUT);
+    let serving = Serving::start(shared.clone());
+    let result = server.serve(router(shared).into_make_service()).await;
+    drop(serving);
+    result
+}
+
+/// `/readyz` reports the webhook as serving while this lives.
+struct Serving(Arc<Shared>);
+
+impl Serving {
+    fn start(shared: Arc<Shared>) -> Serving {
+        shared.set_webhook_serving(true);
+        Serving(shared)
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.set_webhook_serving(false);
+    }
 }
 
 /// What a webhook handler answers.
@@ -82,6 +137,9 @@ pub(crate) enum Reply {
     BadRequest(String),
     /// 500: initium could not answer; the API server applies the webhook's failurePolicy.
     Internal(String),
+    /// 503: initium is at a limit; the API server applies the webhook's failurePolicy, a
+    /// client may retry.
+    Busy(String),
 }
 
 impl IntoResponse for Reply {
@@ -94,6 +152,12 @@ impl IntoResponse for Reply {
             Reply::Internal(message) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, message).into_response()
             }
+            Reply::Busy(message) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                message,
+            )
+                .into_response(),
         }
     }
 }
@@ -102,47 +166,110 @@ type Work = fn(&Shared, &[u8], Instant) -> Reply;
 
 async fn mutate(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let arrival = Instant::now();
-    let body = match read_body(&shared, "mutate", request, arrival).await {
+    let (body, reservation) = match read_body(&shared, "mutate", request, arrival).await {
         Ok(body) => body,
         Err(response) => return response,
     };
     // Parsing and evaluating a Pod takes tens of microseconds, less than handing it to another
     // thread, so small reviews run right here. Above `inline_body_limit` the work grows with the
-    // object and would hold up other requests on this worker: it goes to the blocking pool.
-    let inline = body.len() <= shared.config.inline_body_limit;
-    run(shared, body, arrival, inline, mutate::admit).await
-}
-
-async fn validate(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    let arrival = Instant::now();
-    let body = match read_body(&shared, "validate", request, arrival).await {
-        Ok(body) => body,
-        Err(response) => return response,
-    };
-    // Compiling a rule builds its regexes, which can take milliseconds; rule changes are rare,
-    // so they always go to the blocking pool.
-    run(shared, body, arrival, false, validate::review_rule).await
-}
-
-async fn run(
-    shared: Arc<Shared>,
-    body: Bytes,
-    arrival: Instant,
-    inline: bool,
-    work: Work,
-) -> Response {
-    let response = if inline {
-        work(&shared, &body, arrival).into_response()
+    // object and would hold up other requests on this worker: it goes to the blocking pool, a
+    // few at a time (`--max-blocking-reviews`).
+    let response = if body.len() <= shared.config.inline_body_limit {
+        mutate::admit(&shared, &body, arrival).into_response()
     } else {
-        match tokio::task::spawn_blocking(move || work(&shared, &body, arrival)).await {
-            Ok(reply) => reply.into_response(),
-            Err(e) => {
-                tracing::error!(error = %e, "admission work failed");
-                Reply::Internal(format!("admission failed: {e}")).into_response()
+        let turns = shared.blocking_reviews.clone();
+        match turn(&shared, turns, arrival).await {
+            Some(turn) => blocking(shared, body, reservation, turn, arrival, mutate::admit).await,
+            None => {
+                let limit = shared.config.limits.max_blocking_reviews;
+                let message = format!(
+                    "initium is busy: {limit} large AdmissionReviews are being evaluated \
+                     (--max-blocking-reviews) and this one waited its whole latency budget; \
+                     the API server applies the webhook's failure policy, a client may retry"
+                );
+                tracing::warn!(webhook = "mutate", bytes = body.len(), "{message}");
+                observe(&shared, "unknown", "unknown", "error", arrival);
+                Reply::Busy(message).into_response()
             }
         }
     };
     with_server_timing(response, arrival)
+}
+
+async fn validate(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let arrival = Instant::now();
+    let (body, reservation) = match read_body(&shared, "validate", request, arrival).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    // Compiling a rule builds its regexes, which can take milliseconds or more; rule changes
+    // are rare, so they always go to the blocking pool, a few at a time
+    // (`--max-concurrent-validations`), so that a flood of rules cannot take every thread
+    // and all the memory.
+    let turns = shared.validations.clone();
+    let response = match turn(&shared, turns, arrival).await {
+        Some(turn) => {
+            blocking(
+                shared,
+                body,
+                reservation,
+                turn,
+                arrival,
+                validate::review_rule,
+            )
+            .await
+        }
+        None => validate::busy(&shared, &body, arrival).into_response(),
+    };
+    with_server_timing(response, arrival)
+}
+
+/// A turn on `turns`, waited for until the request's latency budget runs out.
+async fn turn(
+    shared: &Shared,
+    turns: Arc<Semaphore>,
+    arrival: Instant,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(turn) = turns.clone().try_acquire_owned() {
+        return Some(turn);
+    }
+    let deadline = arrival.checked_add(shared.config.budget).unwrap_or(arrival);
+    let deadline = tokio::time::Instant::from_std(deadline);
+    tokio::time::timeout_at(deadline, turns.acquire_owned())
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Runs `work` on the blocking pool, holding the request's bytes and its turn until it ends.
+async fn blocking(
+    shared: Arc<Shared>,
+    body: Bytes,
+    reservation: Reservation,
+    turn: OwnedSemaphorePermit,
+    arrival: Instant,
+    work: Work,
+) -> Response {
+    let done = tokio::task::spawn_blocking(move || {
+        let reply = work(&shared, &body, arrival);
+        drop((turn, reservation));
+        reply
+    })
+    .await;
+    match done {
+        Ok(reply) => reply.into_response(),
+        Err(e) => {
+            // Only a panic gets here (the blocking pool is never cancelled): logged with its
+            // message, answered with a sentence.
+            tracing::error!(error = %e, "admission work failed");
+            Reply::Internal(
+                "initium failed while answering this request (its log has the details); the \
+                 API server applies the webhook's failure policy"
+                    .into(),
+            )
+            .into_response()
+        }
+    }
 }
 
 /// Adds `Server-Timing: admission;dur=<ms>`: the time from the request's arrival to its answer
@@ -159,27 +286,97 @@ fn with_server_timing(mut response: Response, arrival: Instant) -> Response {
     response
 }
 
-/// The whole body, or the error response: 413 above [`MAX_BODY_BYTES`], 400 when it cannot be
-/// read.
+/// The whole body and the bytes it holds of `--max-inflight-bytes`, or the error response:
+/// 413 above `--max-body-bytes`, 503 over `--max-inflight-bytes`, 408 when it does not arrive
+/// within `--body-read-timeout`, 400 when it cannot be read.
 async fn read_body(
     shared: &Shared,
     webhook: &'static str,
     request: Request,
     arrival: Instant,
-) -> Result<Bytes, Response> {
-    let rejection = match Bytes::from_request(request, &()).await {
-        Ok(body) => return Ok(body),
-        Err(rejection) => rejection,
+) -> Result<(Bytes, Reservation), Response> {
+    let limits = &shared.config.limits;
+    let max = limits.max_body_bytes;
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the AdmissionReview is larger than {max} bytes (--max-body-bytes); the API \
+                 server never sends one that large"
+            ),
+        )
     };
-    let status = rejection.status();
-    let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-        format!("the AdmissionReview is larger than {MAX_BODY_BYTES} bytes")
-    } else {
-        format!("cannot read the request body: {}", rejection.body_text())
+    let busy = || {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "initium is busy: the request bodies being read take {} of their {} bytes \
+                 (--max-inflight-bytes); retry in a moment",
+                shared.inflight.used(),
+                shared.inflight.limit()
+            ),
+        )
     };
-    tracing::warn!(webhook, status = status.as_u16(), error = %message, "rejected an admission request");
-    observe(shared, "unknown", "unknown", "error", arrival);
-    Err((status, message).into_response())
+    let rejected = |(status, message): (StatusCode, String)| {
+        tracing::warn!(webhook, status = status.as_u16(), error = %message, "rejected an admission request");
+        observe(shared, "unknown", "unknown", "error", arrival);
+        let mut response = (status, message).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        response
+    };
+
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let mut reservation = Reservation::new(shared.inflight.clone());
+    if let Some(declared) = declared {
+        if declared > max {
+            return Err(rejected(too_large()));
+        }
+        if !reservation.grow_to(declared) {
+            return Err(rejected(busy()));
+        }
+    }
+    let mut body = Vec::with_capacity(declared.unwrap_or(0));
+    let deadline = tokio::time::Instant::now() + limits.body_read_timeout;
+    let mut chunks = request.into_body().into_data_stream();
+    loop {
+        let chunk = match tokio::time::timeout_at(deadline, chunks.next()).await {
+            Ok(Some(Ok(chunk))) => chunk,
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                return Err(rejected((
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the request body: {e}"),
+                )));
+            }
+            Err(_) => {
+                return Err(rejected((
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request body did not arrive within {:?} (--body-read-timeout); \
+                         the connection is closed",
+                        limits.body_read_timeout
+                    ),
+                )));
+            }
+        };
+        let total = body.len() + chunk.len();
+        if total > max {
+            return Err(rejected(too_large()));
+        }
+        if !reservation.grow_to(total) {
+            return Err(rejected(busy()));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((Bytes::from(body), reservation))
 }
 
 /// Records the request's duration, from its arrival, and returns it (for the log).

@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
+use serde_json::Value;
+
 use crate::engine::{Denial, Gvk, Outcome, RuleId, Subject};
-use crate::metrics::RuleLabels;
-use crate::state::Shared;
+use crate::state::{LabelView, Shared};
 
 use super::review::{self, AdmissionRequest, AdmissionResponse};
 use super::{Reply, answer, observe};
@@ -24,7 +25,27 @@ pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
             return Reply::BadRequest(message);
         }
     };
+    let index = shared.rules.load_full();
+    let labels = shared.labels(&index);
     let kind = request.kind.kind.as_str();
+    if let Some(namespace) = excluded_namespace(shared, &request) {
+        tracing::debug!(
+            uid = %request.uid,
+            kind,
+            operation = %request.operation,
+            namespace,
+            name = %request.display_name(),
+            "admitted without running rules: the namespace is excluded",
+        );
+        observe(
+            shared,
+            labels.kind(kind),
+            &request.operation,
+            "unchanged",
+            arrival,
+        );
+        return answer(&AdmissionResponse::allow(&request.uid));
+    }
     let operation = match (request.operation(), request.subresource(), &request.object) {
         (Some(operation), None, Some(_)) => operation,
         (operation, subresource, _) => {
@@ -43,7 +64,13 @@ pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
                     _ => "the request has no object",
                 },
             );
-            observe(shared, kind, &request.operation, "unchanged", arrival);
+            observe(
+                shared,
+                labels.kind(kind),
+                &request.operation,
+                "unchanged",
+                arrival,
+            );
             return answer(&AdmissionResponse::allow(&request.uid));
         }
     };
@@ -66,13 +93,14 @@ pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
         namespace_labels: request.namespace().and_then(|ns| namespaces.get(ns)),
     };
     let deadline = arrival.checked_add(shared.config.budget);
-    let result = shared.rules.load().evaluate(&subject, object, deadline);
+    let result = index.evaluate(&subject, object, deadline);
 
     let admitted = Admitted {
         request: &request,
         gvk: &gvk,
         name: &name,
         arrival,
+        labels: &labels,
     };
     match result {
         Ok(outcome) => admitted.mutated(shared, &outcome),
@@ -86,6 +114,7 @@ struct Admitted<'a> {
     gvk: &'a Gvk,
     name: &'a str,
     arrival: Instant,
+    labels: &'a LabelView,
 }
 
 impl Admitted<'_> {
@@ -93,10 +122,10 @@ impl Admitted<'_> {
         let request = self.request;
         let metrics = &shared.metrics;
         for rule in &outcome.applied {
-            metrics.rule_applied.get_or_create(&rule_labels(rule)).inc();
+            metrics.rule_applied.inc(&rule.to_string());
         }
         for rule in &outcome.skipped {
-            metrics.rule_errors.get_or_create(&rule_labels(rule)).inc();
+            metrics.rule_errors.inc(&rule.to_string());
         }
         if outcome.budget_exceeded {
             metrics.budget_overruns.inc();
@@ -153,10 +182,7 @@ impl Admitted<'_> {
     fn denied(&self, shared: &Shared, denial: &Denial) -> Reply {
         let request = self.request;
         let metrics = &shared.metrics;
-        metrics
-            .rule_errors
-            .get_or_create(&rule_labels(&denial.rule))
-            .inc();
+        metrics.rule_errors.inc(&denial.rule.to_string());
         if denial.budget_exceeded {
             metrics.budget_overruns.inc();
         }
@@ -183,7 +209,7 @@ impl Admitted<'_> {
     fn observe(&self, shared: &Shared, result: &'static str) -> Duration {
         observe(
             shared,
-            &self.gvk.kind,
+            self.labels.kind(&self.gvk.kind),
             &self.request.operation,
             result,
             self.arrival,
@@ -191,10 +217,29 @@ impl Admitted<'_> {
     }
 }
 
-fn rule_labels(rule: &RuleId) -> RuleLabels {
-    RuleLabels {
-        rule: rule.to_string(),
+/// The excluded namespace the request is in, by any account: the review's namespace, the
+/// object's `metadata.namespace`, or the name of a Namespace object. The webhook configuration
+/// keeps these out; a review sent straight to the port (or a configuration edited by hand)
+/// must not get around it.
+fn excluded_namespace<'a>(shared: &Shared, request: &'a AdmissionRequest) -> Option<&'a str> {
+    let metadata = |field: &str| {
+        request
+            .object
+            .as_ref()
+            .and_then(|o| o.get("metadata"))
+            .and_then(|m| m.get(field))
+            .and_then(Value::as_str)
+    };
+    let is_namespace = request.kind.group.is_empty() && request.kind.kind == "Namespace";
+    let mut claimed = [request.namespace(), metadata("namespace"), None, None];
+    if is_namespace {
+        claimed[2] = request.name();
+        claimed[3] = metadata("name");
     }
+    claimed
+        .into_iter()
+        .flatten()
+        .find(|namespace| shared.is_excluded_namespace(namespace))
 }
 
 fn join(rules: &[RuleId]) -> String {

@@ -132,6 +132,22 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
         .ok_or_else(|| format!("the {KIND} has no request"))
 }
 
+/// `request.uid` alone, skipping everything else without building it.
+pub fn uid(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Review {
+        request: Option<Request>,
+    }
+    #[derive(Deserialize)]
+    struct Request {
+        uid: String,
+    }
+    serde_json::from_slice::<Review>(body)
+        .ok()?
+        .request
+        .map(|r| r.uid)
+}
+
 /// `request.oldObject.spec` of an UPDATE, read on its own: only the validating webhook needs
 /// it, and the mutating webhook should not pay for parsing the old object of every update.
 pub fn old_spec(body: &[u8]) -> Option<Value> {
@@ -249,6 +265,22 @@ impl AdmissionResponse {
                 message,
                 reason: "Forbidden",
                 code: 403,
+                details: None,
+            }),
+            ..AdmissionResponse::allow(uid)
+        }
+    }
+
+    /// Rejected with `429 TooManyRequests`: initium could not look at the object now; the
+    /// message says to retry.
+    pub fn too_many_requests(uid: &str, message: String) -> AdmissionResponse {
+        AdmissionResponse {
+            allowed: false,
+            status: Some(Status {
+                status: "Failure",
+                message,
+                reason: "TooManyRequests",
+                code: 429,
                 details: None,
             }),
             ..AdmissionResponse::allow(uid)

@@ -27,6 +27,8 @@ pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Rep
     let kind = request.kind.kind.clone();
     let is_rule = request.kind.group == GROUP
         && matches!(kind.as_str(), "MutationRule" | "ClusterMutationRule");
+    // Metric label: only the two rule kinds, whatever a client sends.
+    let kind_label = if is_rule { kind.as_str() } else { "other" };
     let object = request.object.take();
     let object = match (request.operation(), request.subresource(), object) {
         (Some(_), None, Some(object)) if is_rule => object,
@@ -49,7 +51,7 @@ pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Rep
                     "rule request allowed without compiling (DELETE, subresource or no object)",
                 );
             }
-            observe(shared, &kind, &request.operation, "unchanged", arrival);
+            observe(shared, kind_label, &request.operation, "unchanged", arrival);
             return answer(&AdmissionResponse::allow(&request.uid));
         }
     };
@@ -67,7 +69,7 @@ pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Rep
         };
         if let Some(why) = unchanged {
             tracing::debug!(uid = %request.uid, kind = %kind, "rule update allowed without compiling: {why}");
-            observe(shared, &kind, &request.operation, "unchanged", arrival);
+            observe(shared, kind_label, &request.operation, "unchanged", arrival);
             return answer(&AdmissionResponse::allow(&request.uid));
         }
     }
@@ -83,12 +85,12 @@ pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Rep
         .to_string();
     match compile_document(&object, namespace) {
         Ok(rule) => {
-            observe(shared, &kind, &request.operation, "unchanged", arrival);
+            observe(shared, kind_label, &request.operation, "unchanged", arrival);
             tracing::debug!(uid = %request.uid, rule = %rule.id.describe(), dry_run = request.is_dry_run(), "rule is valid");
             answer(&AdmissionResponse::allow(&request.uid))
         }
         Err(errors) => {
-            observe(shared, &kind, &request.operation, "denied", arrival);
+            observe(shared, kind_label, &request.operation, "denied", arrival);
             tracing::info!(
                 uid = %request.uid,
                 kind = %kind,
@@ -102,6 +104,25 @@ pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Rep
             answer(&invalid(&request.uid, &kind, name, &errors))
         }
     }
+}
+
+/// The answer when every turn to compile was taken for the whole latency budget
+/// (`--max-concurrent-validations`): the rule is denied with `429` and a sentence that says to
+/// retry; kubectl prints it. Reading the uid alone skips the object without building it.
+pub(super) fn busy(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
+    let Some(uid) = review::uid(body) else {
+        let message = "not an AdmissionReview with a request.uid".to_string();
+        observe(shared, "unknown", "unknown", "error", arrival);
+        return Reply::BadRequest(message);
+    };
+    let limit = shared.config.limits.max_concurrent_validations;
+    let message = format!(
+        "initium is busy checking other rules ({limit} at a time, --max-concurrent-validations); \
+         the rule was not checked: retry in a moment"
+    );
+    tracing::warn!(webhook = "validate", uid = %uid, "{message}");
+    observe(shared, "other", "unknown", "error", arrival);
+    answer(&AdmissionResponse::too_many_requests(&uid, message))
 }
 
 /// `422 Invalid` with one cause per field: kubectl prints

@@ -3,6 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
+
+use crate::admission::Limits;
 use crate::controller::{self, CaBundleSource, ControllerConfig, TlsSource, WebhookEndpoint};
 use crate::engine::parse_duration;
 use crate::state::{AdmissionConfig, Shared};
@@ -64,6 +67,80 @@ pub struct ServeArgs {
     /// Log format: `json` (one object per line) or `text`.
     #[arg(long, default_value = "json")]
     pub log_format: LogFormat,
+    /// Largest AdmissionReview accepted (413 above), in bytes or with a suffix (`8Mi`).
+    #[arg(long, default_value = "8Mi", value_parser = bytes)]
+    pub max_body_bytes: usize,
+    /// Bytes of request bodies read or worked on at once, across all connections; a request
+    /// that would go over it gets 503 and may retry.
+    #[arg(long, default_value = "32Mi", value_parser = bytes)]
+    pub max_inflight_bytes: usize,
+    /// Open webhook connections; more are closed as soon as they are accepted.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers (every request; also how long an idle
+    /// keep-alive connection stays open).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+    /// Time a client has to send a request's body once its headers are in (408 after it).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub body_read_timeout: Duration,
+    /// Largest request head (HTTP/1.1 headers, HTTP/2 header list), at least 8Ki.
+    #[arg(long, default_value = "16Ki", value_parser = bytes)]
+    pub max_header_bytes: usize,
+    /// HTTP/2 requests open at once on one connection.
+    #[arg(long, default_value_t = 100)]
+    pub http2_max_concurrent_streams: u32,
+    /// Rules compiled at once by the validating webhook; a rule that waits longer than the
+    /// budget is denied with a message to retry.
+    #[arg(long, default_value_t = 2)]
+    pub max_concurrent_validations: usize,
+    /// AdmissionReviews above 64 KiB evaluated at once; one that waits longer than the budget
+    /// gets 503 and the API server applies the webhook's failure policy.
+    #[arg(long, default_value_t = 2)]
+    pub max_blocking_reviews: usize,
+}
+
+impl ServeArgs {
+    /// The webhook server's limits from the flags.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_body_bytes: self.max_body_bytes,
+            max_inflight_bytes: self.max_inflight_bytes,
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            max_header_bytes: self.max_header_bytes,
+            http2_max_concurrent_streams: self.http2_max_concurrent_streams,
+            max_concurrent_validations: self.max_concurrent_validations,
+            max_blocking_reviews: self.max_blocking_reviews,
+        }
+    }
+}
+
+/// A size in bytes: `1048576`, `512Ki`, `8Mi`, `1Gi`.
+fn bytes(text: &str) -> Result<usize, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let unit: usize = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a size: write bytes, or a number with Ki, Mi or Gi (8Mi)"
+            ));
+        }
+    };
+    number
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| {
+            format!("{text:?} is not a size: write bytes, or a number with Ki, Mi or Gi (8Mi)")
+        })
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -90,10 +167,18 @@ pub fn run(args: ServeArgs) -> crate::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("initium")
+        // A margin against deep recursion (serializing or dropping a deeply nested object
+        // recurses): 8 MiB rather than 2 MiB per thread, for the workers and the blocking pool.
+        // The engine bounds depth; this is defence in depth, and costs only address space
+        // until used.
+        .thread_stack_size(THREAD_STACK_BYTES)
         .build()
         .map_err(|e| Error::Serve(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(serve(args))
 }
+
+/// Stack of every runtime thread.
+const THREAD_STACK_BYTES: usize = 8 * 1024 * 1024;
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -103,14 +188,67 @@ fn init_logging(format: LogFormat) {
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.fmt_fields(text_fields()).try_init(),
     };
 }
 
+/// Field formatting of the text log: as tracing-subscriber's default, except that control
+/// characters are escaped (`\u{1b}`), so a name or message from a client or a rule cannot
+/// move the cursor, recolour or rewrite a terminal. (The JSON format escapes them already.)
+pub fn text_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    use tracing_subscriber::field::MakeExt as _;
+    tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
+        let text = escape_controls(&format!("{value:?}"));
+        if field.name() == "message" {
+            write!(writer, "{text}")
+        } else {
+            write!(writer, "{}={text}", field.name())
+        }
+    })
+    .delimited(" ")
+}
+
+/// `text` with every control character (and the bidirectional overrides a terminal obeys)
+/// written as a Rust escape: `\u{1b}`, `\n`.
+pub fn escape_controls(text: &str) -> String {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 async fn serve(args: ServeArgs) -> crate::Result<()> {
+    let limits = args.limits();
+    limits
+        .validate()
+        .map_err(|e| Error::Serve(format!("invalid limits: {e}")))?;
+    // The ports first, before anything is written to the cluster: with a port taken, serve
+    // stops here, and no Secret, Lease or webhook configuration points at another process.
+    let webhook_listener = listen(args.listen, "--listen").await?;
+    let ops_listener = listen(args.ops_listen, "--ops-listen").await?;
+    let webhook_listener = webhook_listener.into_std().map_err(|e| {
+        Error::Serve(format!(
+            "cannot use the listener on {} (--listen): {e}",
+            args.listen
+        ))
+    })?;
+
     let client = kube::Client::try_default().await.map_err(|e| {
         Error::Serve(format!(
-            "cannot reach the Kubernetes API (KUBECONFIG or in-cluster config): {e}"
+            "cannot reach the Kubernetes API (KUBECONFIG or in-cluster config): {}",
+            cause_chain(&e)
         ))
     })?;
     let endpoint = match &args.webhook_url {
@@ -140,15 +278,19 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
             refresh_interval: Duration::from_secs(60),
         },
     };
-    let controller_error = |e: controller::ControllerError| Error::Serve(e.to_string());
+    let controller_error = |e: controller::ControllerError| Error::Serve(cause_chain(&e));
     config.validate().map_err(controller_error)?;
     let tls = controller::tls(&client, &config)
         .await
         .map_err(controller_error)?;
     let rustls = tls.rustls_config();
 
+    let mut excluded_namespaces = vec![args.namespace.clone()];
+    excluded_namespaces.extend(args.exclude_namespaces.iter().cloned());
     let shared = Shared::new(AdmissionConfig {
         budget: args.budget,
+        excluded_namespaces,
+        limits,
         ..AdmissionConfig::default()
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -156,54 +298,57 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    let ops = tokio::net::TcpListener::bind(args.ops_listen)
-        .await
-        .map_err(|e| {
-            Error::Serve(format!(
-                "cannot listen on {} (--ops-listen): {e}",
-                args.ops_listen
-            ))
-        })?;
-    let ops_task = tokio::spawn({
+    let mut ops_task = Some(tokio::spawn({
         let shared = shared.clone();
         let stop = stopped(stop_rx.clone());
         async move {
-            axum::serve(ops, ops::router(shared))
+            axum::serve(ops_listener, ops::router(shared))
                 .with_graceful_shutdown(stop)
                 .await
         }
-    });
-
+    }));
     let handle = axum_server::Handle::new();
-    let webhook_task = tokio::spawn(admission::serve(
-        args.listen,
+    let mut webhook_task = Some(tokio::spawn(admission::serve(
+        webhook_listener,
         rustls,
         shared.clone(),
         handle.clone(),
-    ));
-    let controller_task = tokio::spawn(controller::run(
+    )));
+    let mut controller_task = Some(tokio::spawn(controller::run(
         client,
         shared.clone(),
         config,
         tls,
         stopped(stop_rx.clone()),
-    ));
+    )));
     tracing::info!(listen = %args.listen, ops = %args.ops_listen, budget = ?args.budget, "initium serving");
 
-    let mut controller_task = controller_task;
+    // Supervision: every long-running task runs until shutdown; one that ends before takes
+    // the process down, with its cause.
     let failure = tokio::select! {
         () = shutdown_signal() => None,
-        result = &mut controller_task => Some(format!("the controller stopped: {}", describe(result))),
+        result = join(&mut controller_task) => Some(format!("the controller stopped: {}", ended(result))),
+        result = join(&mut webhook_task) => Some(format!(
+            "the webhook server on {} (--listen) stopped: {}", args.listen, ended(result)
+        )),
+        result = join(&mut ops_task) => Some(format!(
+            "the operations server on {} (--ops-listen) stopped: {}", args.ops_listen, ended(result)
+        )),
     };
-    tracing::info!("shutting down: finishing requests in flight");
+    match &failure {
+        None => tracing::info!("shutting down: finishing requests in flight"),
+        Some(cause) => tracing::error!(error = %cause, "shutting down"),
+    }
+    shared.set_webhook_serving(false);
     handle.graceful_shutdown(Some(args.shutdown_grace));
     let _ = stop_tx.send(true);
-    let _ = webhook_task.await;
-    let _ = ops_task.await;
-    if failure.is_none() {
+    for task in [webhook_task.take(), ops_task.take()].into_iter().flatten() {
+        let _ = task.await;
+    }
+    if let Some(controller) = controller_task.take() {
         // The controller releases the Lease on the way out, so another replica takes over
         // without waiting for it to expire.
-        let _ = tokio::time::timeout(Duration::from_secs(5), controller_task).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), controller).await;
     }
     match failure {
         None => Ok(()),
@@ -211,12 +356,71 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     }
 }
 
-fn describe<E: std::fmt::Display>(result: Result<Result<(), E>, tokio::task::JoinError>) -> String {
+/// Binds `addr` for `flag`; the error says which flag and address, and what to do.
+async fn listen(addr: SocketAddr, flag: &str) -> crate::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                format!(
+                    "another process uses this port: stop it or choose another address with {flag}"
+                )
+            }
+            std::io::ErrorKind::AddrNotAvailable => {
+                format!("this host has no such address: choose another with {flag}")
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                format!("not allowed to use this port: choose a port above 1023 with {flag}")
+            }
+            _ => format!("choose another address with {flag}"),
+        };
+        Error::Serve(format!("cannot listen on {addr} ({flag}): {e}; {hint}"))
+    })
+}
+
+/// Waits for a supervised task; never completes for a task already taken (ended).
+async fn join<T>(task: &mut Option<JoinHandle<T>>) -> Result<T, tokio::task::JoinError> {
+    let Some(handle) = task.as_mut() else {
+        return std::future::pending().await;
+    };
+    let result = handle.await;
+    *task = None;
+    result
+}
+
+/// Why a task that should run until shutdown ended: its error and that error's causes.
+fn ended<E: std::error::Error + 'static>(
+    result: Result<Result<(), E>, tokio::task::JoinError>,
+) -> String {
     match result {
-        Ok(Ok(())) => "it ended".into(),
-        Ok(Err(e)) => e.to_string(),
-        Err(e) => e.to_string(),
+        Ok(Ok(())) => "it ended before shutdown".into(),
+        Ok(Err(e)) => cause_chain(&e),
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            format!("it panicked: {message}")
+        }
+        Err(_) => "it was cancelled".into(),
     }
+}
+
+/// An error's message followed by each of its sources, `: `-separated; a source whose text
+/// the message already includes is not repeated.
+pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !line.is_empty() && !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 async fn shutdown_signal() {
