@@ -485,3 +485,38 @@ fn the_cli_survives_every_bundled_hostile_rule_and_still_applies_the_good_one() 
         assert_eq!(out["items"][0]["metadata"]["name"], "p", "{name}");
     }
 }
+
+#[test]
+fn regex_functions_in_jsonpath_are_bounded() {
+    // The JSONPath library compiles a match()/search() pattern at every node it tests: a
+    // pattern from the object is refused, and the work of a literal one is counted.
+    let from_object = compile_error(json!({
+        "match": {"kinds": ["Pod"]},
+        "conditions": [{"path": "$..[?search(@.image, @.name)]", "exists": true}],
+        "mutations": [{"merge": {"a": "b"}}]}));
+    assert!(
+        from_object.contains("spec.conditions[0].path")
+            && from_object.contains("must be a string literal"),
+        "{from_object}"
+    );
+    let hostile = mr(
+        "team",
+        "hostile",
+        json!({"match": {"kinds": ["Pod"]},
+               "conditions": [{"path": "$..[?search(@, '\\\\w')]", "exists": true}],
+               "mutations": [{"merge": {"metadata": {"labels": {"x": "y"}}}}]}),
+    );
+    let idx = index(vec![hostile, good_rule()]);
+    let original = pod(2_000);
+    let started = Instant::now();
+    let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
+    assert!(
+        outcome
+            .warnings
+            .first()
+            .is_some_and(|w| w.contains("query work limit")),
+        "{:?} after {:?}",
+        outcome.warnings,
+        started.elapsed()
+    );
+}

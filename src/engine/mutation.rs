@@ -38,7 +38,7 @@ pub fn compile_regex(pattern: &str, size_limit: usize) -> Result<Regex, String> 
                     .trim_start_matches("error: ")
             ),
             regex::Error::CompiledTooBig(_) => format!(
-                "regular expression {pattern:?} is too large once compiled: over {}, its share of the {} a rule's regular expressions may use together; simplify it (for example [a-zA-Z0-9_] instead of \\w, which matches every Unicode letter and digit, or fewer repetitions)",
+                "regular expression {pattern:?} is too large once compiled (over {}; a rule's regular expressions share {}): simplify it, for example [a-zA-Z0-9_] instead of \\w, which matches every Unicode letter and digit, or fewer repetitions",
                 human_bytes(size_limit),
                 human_bytes(RULE_REGEX_BYTES)
             ),

@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::limits::{
     MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, QUERY_WORK_LIMIT, count_nodes,
 };
+use super::mutation::compile_regex;
 
 /// An RFC 6901 pointer, kept in its encoded text form (`/metadata/annotations/a~1b`), which
 /// is canonical, so prefixes can be compared as text. The empty pointer is the whole document.
@@ -323,6 +324,8 @@ pub struct Query {
     text: String,
     /// Descendant segments (`..`): each can visit the whole object again.
     descendants: usize,
+    /// Calls of `match()` and `search()`, which compile their pattern at every node they test.
+    regex_functions: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -358,11 +361,18 @@ impl Query {
         }
         let query = parse_json_path(text)
             .map_err(|e| format!("invalid JSONPath {text:?}: {}", one_line(&e.to_string())))?;
+        let patterns =
+            regex_function_patterns(text).map_err(|e| format!("invalid JSONPath {text:?}: {e}"))?;
+        for pattern in &patterns {
+            compile_regex(pattern, REGEX_FUNCTION_BYTES)
+                .map_err(|e| format!("invalid JSONPath {text:?}: in match() or search(): {e}"))?;
+        }
         Ok(Query {
             query,
             simple: parse_simple(text),
             text: text.to_string(),
             descendants: shape.descendants,
+            regex_functions: patterns.len(),
         })
     }
 
@@ -370,15 +380,18 @@ impl Query {
     /// than [`QUERY_WORK_LIMIT`] nodes (estimated before it runs: the library that evaluates such
     /// queries cannot be interrupted).
     fn check_work(&self, doc: &Value) -> Result<(), String> {
-        if self.descendants == 0 {
+        if self.descendants == 0 && self.regex_functions == 0 {
             return Ok(());
         }
         let nodes = count_nodes(doc, QUERY_WORK_LIMIT);
-        let per_node = if self.descendants > 1 {
+        let mut per_node = if self.descendants > 1 {
             nodes.min(MAX_DEPTH)
         } else {
             1
         };
+        if self.regex_functions > 0 {
+            per_node = per_node.saturating_mul(REGEX_FUNCTION_COST);
+        }
         if nodes.saturating_mul(per_node) > QUERY_WORK_LIMIT {
             return Err(format!(
                 "JSONPath {:?} would visit more than {QUERY_WORK_LIMIT} nodes of this object (the query work limit); avoid descendant segments (..) on large objects",
@@ -424,6 +437,111 @@ impl Query {
             })
             .unwrap_or_default())
     }
+}
+
+/// The library compiles the pattern of `match()` and `search()` anew at every node it tests,
+/// so the pattern must be a string literal that compiles to at most this many bytes (checked
+/// when the rule is compiled)...
+const REGEX_FUNCTION_BYTES: usize = 64 * 1024;
+
+/// ...and each node such a query may test counts as this many in the query work limit.
+const REGEX_FUNCTION_COST: usize = 1_000;
+
+/// The pattern argument of every `match()` and `search()` call in `text`, unescaped. A pattern
+/// that is not a string literal (one taken from the object, say) is refused: it would be
+/// compiled at every admission with no limit.
+fn regex_function_patterns(text: &str) -> Result<Vec<String>, String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut patterns = Vec::new();
+    let mut quote: Option<char> = None;
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        match quote {
+            Some(_) if c == '\\' => i += 1,
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if c == '\'' || c == '"' => quote = Some(c),
+            None => {
+                let word_start = i == 0 || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
+                let name = ["match", "search"].into_iter().find(|name| {
+                    word_start && chars[i..].iter().take(name.len()).copied().eq(name.chars())
+                });
+                if let Some(name) = name {
+                    let mut j = i + name.len();
+                    while chars.get(j).is_some_and(|c| c.is_whitespace()) {
+                        j += 1;
+                    }
+                    if chars.get(j) == Some(&'(') {
+                        patterns.push(second_argument(&chars, j + 1).ok_or_else(|| {
+                            format!("the pattern of {name}() must be a string literal ({name}(@.x, 'pattern')): a pattern taken from the object would be compiled at every admission")
+                        })?);
+                        i = j;
+                    }
+                }
+            }
+        }
+        i += 1;
+    }
+    Ok(patterns)
+}
+
+/// The second argument of a call whose arguments start at `start`, when it is a string
+/// literal.
+fn second_argument(chars: &[char], start: usize) -> Option<String> {
+    let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    let mut comma = None;
+    let mut end = None;
+    let mut i = start;
+    while i < chars.len() {
+        let c = chars[i];
+        match quote {
+            Some(_) if c == '\\' => i += 1,
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None => match c {
+                '\'' | '"' => quote = Some(c),
+                '(' | '[' => depth += 1,
+                ')' | ']' if depth == 0 => {
+                    end = Some(i);
+                    break;
+                }
+                ')' | ']' => depth -= 1,
+                ',' if depth == 0 && comma.is_none() => comma = Some(i),
+                _ => {}
+            },
+        }
+        i += 1;
+    }
+    let argument: String = chars[comma? + 1..end?].iter().collect();
+    let argument = argument.trim();
+    let q = argument
+        .chars()
+        .next()
+        .filter(|q| *q == '\'' || *q == '"')?;
+    let inner = argument.strip_prefix(q)?.strip_suffix(q)?;
+    let mut out = String::new();
+    let mut it = inner.chars();
+    while let Some(c) = it.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match it.next()? {
+            'b' => out.push('\u{0008}'),
+            'f' => out.push('\u{000C}'),
+            'n' => out.push('\n'),
+            'r' => out.push('\r'),
+            't' => out.push('\t'),
+            'u' => {
+                let hex: String = it.by_ref().take(4).collect();
+                out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+            }
+            other => out.push(other),
+        }
+    }
+    Some(out)
 }
 
 /// What makes a query expensive to parse or run, read from its text: the deepest nesting of
@@ -765,6 +883,7 @@ mod tests {
         }
         for q in [
             "$..name",
+            "$.spec.containers[?search(@.image, '^nginx')]",
             "$.spec.containers[?@.name == 'a']",
             "$.spec.containers[0:1]",
             "$['a\\'b']",
@@ -774,6 +893,30 @@ mod tests {
                 assert!(query.simple.is_none(), "{q} is for the full evaluator");
             }
         }
+    }
+
+    #[test]
+    fn regex_functions_need_a_small_literal_pattern() {
+        let doc = json!({"spec": {"containers": [{"image": "nginx:1"}, {"image": "redis"}]}});
+        let q = Query::parse("$.spec.containers[?search(@.image, '^ngi\\\\w')].image").unwrap();
+        assert_eq!(q.select(&doc).unwrap(), vec![&json!("nginx:1")]);
+        assert_eq!(
+            regex_function_patterns("$[?match(@.a, \"x\\\\d+\") && search(@.b, 'y')]").unwrap(),
+            vec!["x\\d+".to_string(), "y".to_string()]
+        );
+        let from_object = Query::parse("$..[?search(@.image, @.pattern)]").unwrap_err();
+        assert!(
+            from_object.contains("must be a string literal"),
+            "{from_object}"
+        );
+        let big = Query::parse("$..[?search(@, '\\\\w{30}\\\\w{30}')]").unwrap_err();
+        assert!(big.contains("is too large once compiled"), "{big}");
+        // Names that merely contain the words are not calls.
+        assert!(
+            regex_function_patterns("$.matches.research")
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
