@@ -1,0 +1,1043 @@
+//! Structure-aware generators: objects (realistic Pods and Deployments, random and hostile
+//! shapes), rule specs from the real vocabulary, and byte- and value-level mutation of valid
+//! seed documents (examples/*/ and tests/data/).
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use serde_json::{Map, Value, json};
+
+use super::rng::Rng;
+
+// ---------------------------------------------------------------------------------------------
+// Seeds
+
+/// Valid documents from the repository: rules, objects and recorded AdmissionReviews.
+pub struct Seeds {
+    /// Rule documents (examples/*/rules.yaml).
+    pub rules: Vec<Value>,
+    /// Objects (examples/*/objects.yaml, the objects of tests/data/admission/).
+    pub objects: Vec<Value>,
+    /// AdmissionReviews as recorded (tests/data/admission/*.json), as text.
+    pub reviews: Vec<String>,
+    /// Whole input files as text (examples/*/*.yaml, tests/data/*.yaml).
+    pub files: Vec<String>,
+}
+
+pub fn seeds() -> &'static Seeds {
+    static SEEDS: OnceLock<Seeds> = OnceLock::new();
+    SEEDS.get_or_init(load_seeds)
+}
+
+fn load_seeds() -> Seeds {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut seeds = Seeds {
+        rules: Vec::new(),
+        objects: Vec::new(),
+        reviews: Vec::new(),
+        files: Vec::new(),
+    };
+    let mut dirs: Vec<_> = std::fs::read_dir(root.join("examples"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    for dir in dirs {
+        for file in [
+            "rules.yaml",
+            "objects.yaml",
+            "expected.yaml",
+            "initium-test.yaml",
+        ] {
+            let Ok(text) = std::fs::read_to_string(dir.join(file)) else {
+                continue;
+            };
+            if let Ok(docs) = serde_saphyr::from_multiple::<Value>(&text) {
+                for doc in docs.into_iter().filter(Value::is_object) {
+                    let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
+                    if kind.ends_with("MutationRule") {
+                        seeds.rules.push(doc);
+                    } else if file != "initium-test.yaml" {
+                        seeds.objects.push(doc);
+                    }
+                }
+            }
+            seeds.files.push(text);
+        }
+    }
+    if let Ok(text) = std::fs::read_to_string(root.join("tests/data/invalid-rules.yaml")) {
+        seeds.files.push(text);
+    }
+    let mut reviews: Vec<_> = std::fs::read_dir(root.join("tests/data/admission"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    reviews.sort();
+    for path in reviews {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        if let Ok(review) = serde_json::from_str::<Value>(&text) {
+            let object = &review["request"]["object"];
+            let kind = object.get("kind").and_then(Value::as_str).unwrap_or("");
+            if kind.ends_with("MutationRule") {
+                seeds.rules.push(object.clone());
+            } else if object.is_object() {
+                seeds.objects.push(object.clone());
+            }
+        }
+        seeds.reviews.push(text);
+    }
+    assert!(
+        !seeds.rules.is_empty() && !seeds.objects.is_empty() && !seeds.reviews.is_empty(),
+        "fuzz seeds not found under {}",
+        root.display()
+    );
+    seeds
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vocabulary
+
+const NAMES: &[&str] = &[
+    "web",
+    "api",
+    "app",
+    "name",
+    "image",
+    "env",
+    "value",
+    "x",
+    "a",
+    "metrics",
+    "envoy",
+    "test-ca",
+    "data",
+    "team",
+    "volumes",
+    "containers",
+];
+
+const JSONPATHS: &[&str] = &[
+    "$",
+    "$.metadata.name",
+    "$.metadata.namespace",
+    "$.metadata.labels",
+    "$.metadata.labels.app",
+    "$.metadata.annotations",
+    "$.spec",
+    "$.spec.replicas",
+    "$.spec.containers",
+    "$.spec.containers[*]",
+    "$.spec.containers[0]",
+    "$.spec.containers[-1]",
+    "$.spec.containers[0:2]",
+    "$.spec.containers[::-1]",
+    "$.spec.containers[*].image",
+    "$.spec['containers','initContainers'][*]",
+    "$.spec.template.spec.containers[*]",
+    "$..containers[*]",
+    "$..image",
+    "$..name",
+    "$..*",
+    "$..[*]",
+    "$.*",
+    "$.spec.containers[?@.name == 'api']",
+    "$.spec.containers[?@.image]",
+    "$.spec.containers[?match(@.image, 'nginx.*')]",
+    "$.spec.containers[?search(@.image, 'docker')]",
+    "$.spec.containers[?length(@.ports) > 0]",
+    "$.spec.containers[?count(@..*) > 3]",
+    "$..[?@.name]",
+    "$..[?@.name == 'x' || @.image != 'y']",
+    "$.spec.volumes[?!@.secret]",
+    "$.metadata.labels.*",
+    "$['metadata']['name']",
+    "$.metadata.annotations['initium.dev/mutated-by']",
+    "$[",
+    "$..",
+    "$.a..b",
+    "metadata.name",
+    "$.spec.containers[?@.name ==",
+    "$[?value(@..x) == 1]",
+];
+
+const SEGMENTS: &[&str] = &[
+    ".spec",
+    ".metadata",
+    ".containers",
+    ".name",
+    ".image",
+    ".labels",
+    ".*",
+    "..*",
+    "[*]",
+    "[0]",
+    "[1]",
+    "[-1]",
+    "[0:1]",
+    "[::2]",
+    "..name",
+    "..image",
+    "['a','b']",
+    "[?@.name]",
+    "[?@ == 'x']",
+    "[?length(@) > 1]",
+    "[?@.a > 1 && @.b]",
+    "['metadata','spec']",
+    "..[*]",
+    ".x",
+    "[?match(@, '.*')]",
+];
+
+const POINTERS: &[&str] = &[
+    "",
+    "/",
+    "/metadata",
+    "/metadata/name",
+    "/metadata/labels/app",
+    "/metadata/annotations/a~1b",
+    "/metadata/annotations/initium.dev~1mutated-by",
+    "/spec",
+    "/spec/containers",
+    "/spec/containers/0",
+    "/spec/containers/0/image",
+    "/spec/containers/-",
+    "/spec/volumes",
+    "/spec/template/spec/containers",
+    "/image",
+    "/name",
+    "/env",
+    "/volumeMounts",
+    "/x/y/z",
+    "/~0",
+    "/~2",
+    "spec/volumes",
+    "/metadata/labels/~",
+    "/apiVersion",
+    "/kind",
+];
+
+const REGEXES: &[&str] = &[
+    "^docker\\.io/",
+    "^nginx",
+    "nginx",
+    ".",
+    "^",
+    "$",
+    "",
+    "(?P<name>\\w+)",
+    "(\\w+)/(\\w+)",
+    "(a+)+$",
+    "\\w{20}",
+    "(\\w{20}){10}",
+    "[",
+    "(?i)X",
+    ".*",
+    "^$",
+    "\\b",
+    "(?s).",
+    "x{1000}",
+    "\\p{L}+",
+    "[[:alpha:]]+",
+    "(?m)^",
+    "\\d+",
+    "(",
+    "a{2,1}",
+    "\\",
+];
+
+const REPLACEMENTS: &[&str] = &[
+    "$0$0",
+    "$0",
+    "$1",
+    "${name}",
+    "${2}${1}",
+    "mirror.example.com/",
+    "mirror.example.com/library/$0",
+    "$",
+    "$$",
+    "${",
+    "",
+    "x",
+    "${name}${name}${name}",
+];
+
+const REGEX_PAIRS: &[(&str, &str)] = &[
+    // Rewrites whose output no longer matches: docs/rules.md promises idempotence for them.
+    ("^docker\\.io/", "mirror.example.com/"),
+    ("^nginx$", "mirror.example.com/library/nginx"),
+    ("^registry\\.example\\.com/", "mirror.example.com/"),
+    ("^([a-z]+):latest$", "$1:stable"),
+];
+
+const GLOBS: &[&str] = &[
+    "*",
+    "web-*",
+    "?pi",
+    "api",
+    "a*b*c*d*e*f*g*h",
+    "*-*-*",
+    "",
+    "[",
+    "payments",
+    "kube-*",
+    "**",
+    "?",
+];
+
+const KINDS: &[&str] = &[
+    "Pod",
+    "v1/Pod",
+    "*/v1/Pod",
+    "apps/v1/Deployment",
+    "Deployment",
+    "*",
+    "*/*/*",
+    "ConfigMap",
+    "Namespace",
+    "v1/Namespace",
+    "apps/*/Deployment",
+    "Service",
+    "",
+    "a/b/c/d",
+    "v1/",
+    "/Pod",
+    "pod",
+];
+
+const TEMPLATES: &[&str] = &[
+    "{{ $.metadata.name }}",
+    "{{ $.metadata.namespace }}",
+    "{{ $.metadata.labels.app }}",
+    "{{ $.spec.replicas }}",
+    "{{ @ }}",
+    "{{ @.name }}",
+    "{{ @.image }}",
+    "{{ $ }}",
+    "{{ $.spec }}",
+    "{{ $..image }}",
+    "{{ $..name }}",
+    "prefix-{{ $.metadata.name }}-{{ $.metadata.namespace }}",
+    "{{ @.name }}-{{ @.name }}-{{ @.name }}",
+    "{{",
+    "{{ }}",
+    "}}{{",
+    "{{ x }}",
+    "{{ $.a[ }}",
+    "{{ $.metadata.name }}{{ $.metadata.name }}",
+    "{{ $.spec.containers[?@.name == 'api'].image }}",
+];
+
+pub fn name(rng: &mut Rng) -> String {
+    match rng.below(12) {
+        0 => String::new(),
+        1 => format!("n{}", rng.below(1000)),
+        2 => "x".repeat(rng.range(60, 300)),
+        3 => "Bad_Name".to_string(),
+        4 => "a\u{1b}[31mred\u{7}".to_string(),
+        _ => rng.pick(NAMES).to_string(),
+    }
+}
+
+pub fn jsonpath(rng: &mut Rng) -> String {
+    if rng.chance(60) {
+        return rng.pick(JSONPATHS).to_string();
+    }
+    let mut s = String::from(if rng.chance(85) { "$" } else { "@" });
+    for _ in 0..rng.range(1, 5) {
+        let segment = rng.pick::<&str>(SEGMENTS);
+        s.push_str(segment);
+    }
+    s
+}
+
+pub fn element_jsonpath(rng: &mut Rng) -> String {
+    if rng.chance(50) {
+        return rng
+            .pick(&[
+                "$.spec.containers[*]",
+                "$.spec['containers','initContainers'][*]",
+                "$.spec.template.spec.containers[*]",
+                "$..containers[*]",
+                "$.spec.volumes[*]",
+                "$..*",
+                "$..[*]",
+                "$.metadata",
+                "$",
+                "$.spec.containers[?@.name == 'api']",
+                "$..[?@.image]",
+            ])
+            .to_string();
+    }
+    jsonpath(rng)
+}
+
+pub fn pointer(rng: &mut Rng) -> String {
+    if rng.chance(80) {
+        return rng.pick(POINTERS).to_string();
+    }
+    let mut s = String::new();
+    for _ in 0..rng.range(1, 4) {
+        s.push('/');
+        s.push_str(&name(rng).replace('~', "~0").replace('/', "~1"));
+    }
+    s
+}
+
+pub fn regex(rng: &mut Rng) -> String {
+    if rng.chance(85) {
+        return rng.pick(REGEXES).to_string();
+    }
+    let mut s = String::new();
+    for _ in 0..rng.range(1, 4) {
+        let part = rng.pick::<&str>(REGEXES);
+        s.push_str(part);
+    }
+    s
+}
+
+pub fn template_string(rng: &mut Rng, element: bool) -> String {
+    loop {
+        let t = rng.pick(TEMPLATES);
+        if element || !t.contains('@') {
+            return t.to_string();
+        }
+    }
+}
+
+/// A string that is sometimes plain, sometimes a template.
+fn value_string(rng: &mut Rng, element: bool, templates: bool) -> String {
+    if templates && rng.chance(35) {
+        template_string(rng, element)
+    } else {
+        match rng.below(6) {
+            0 => rng.pick(NAMES).to_string(),
+            1 => format!("{}:{}", rng.pick(NAMES), rng.below(10)),
+            2 => "mirror.example.com/library/nginx".into(),
+            3 => "yes".into(),
+            4 => String::new(),
+            _ => format!("v{}", rng.below(100)),
+        }
+    }
+}
+
+/// A random JSON value, at most `depth` deep.
+pub fn value(rng: &mut Rng, depth: usize, element: bool, templates: bool) -> Value {
+    let kind = if depth == 0 {
+        rng.below(6)
+    } else {
+        rng.below(9)
+    };
+    match kind {
+        0 => Value::Null,
+        1 => json!(rng.chance(50)),
+        2 => match rng.below(6) {
+            0 => json!(-1),
+            1 => json!(u64::MAX),
+            2 => json!(1.5e300),
+            3 => json!(i64::MIN),
+            _ => json!(rng.below(100)),
+        },
+        3..=5 => Value::String(value_string(rng, element, templates)),
+        6 => Value::Array(
+            (0..rng.small(4))
+                .map(|_| value(rng, depth - 1, element, templates))
+                .collect(),
+        ),
+        _ => {
+            let mut map = Map::new();
+            for _ in 0..rng.small(4) {
+                let v = value(rng, depth - 1, element, templates);
+                map.insert(name(rng), v);
+            }
+            Value::Object(map)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Objects
+
+fn container(rng: &mut Rng, i: usize) -> Value {
+    let image = rng
+        .pick(&[
+            "nginx",
+            "nginx:latest",
+            "docker.io/library/redis:7",
+            "registry.example.com/payments/api:1.4",
+            "busybox",
+            "",
+        ])
+        .to_string();
+    let mut c = json!({"name": format!("c{i}"), "image": image});
+    if rng.chance(40) {
+        c["env"] = json!([{"name": "A", "value": "1"}]);
+    }
+    if rng.chance(30) {
+        c["volumeMounts"] = json!([{"name": "data", "mountPath": "/data"}]);
+    }
+    if rng.chance(20) {
+        c["ports"] = json!([{"containerPort": 8080}]);
+    }
+    c
+}
+
+/// A Pod, Deployment, Namespace, ConfigMap or other object: mostly realistic, sometimes with
+/// hostile shapes (thousands of containers, deep nesting, wrong types).
+pub fn object(rng: &mut Rng) -> Value {
+    let seeds = seeds();
+    let mut obj = match rng.below(10) {
+        0..=3 => rng.pick(&seeds.objects).clone(),
+        4..=6 => {
+            let n = if rng.chance(5) {
+                rng.range(500, 3000)
+            } else {
+                rng.small(6)
+            };
+            let containers: Vec<Value> = (0..n).map(|i| container(rng, i)).collect();
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "web", "namespace": "payments",
+                                "labels": {"app": "web"}},
+                   "spec": {"containers": containers}})
+        }
+        7 => json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "web", "namespace": "shop"},
+                    "spec": {"replicas": 2, "template": {"metadata": {"labels": {"app": "web"}},
+                             "spec": {"containers": [container(rng, 0), container(rng, 1)]}}}}),
+        8 => {
+            json!({"apiVersion": "v1", "kind": rng.pick(&["Namespace", "ConfigMap", "Secret", "Service"]),
+                    "metadata": {"name": name(rng), "labels": {"team": "a"}},
+                    "data": value(rng, 3, false, false)})
+        }
+        _ => {
+            let mut v = value(rng, 4, false, false);
+            if !v.is_object() {
+                v = json!({"spec": v});
+            }
+            v["apiVersion"] = json!(rng.pick(&["v1", "apps/v1", "x.example.com/v1", ""]));
+            v["kind"] = json!(rng.pick(KINDS));
+            v
+        }
+    };
+    // Tweaks: names, generateName, labels, annotations, wrong types.
+    for _ in 0..rng.small(3) {
+        match rng.below(9) {
+            0 => {
+                if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("name");
+                    m.insert("generateName".into(), json!("api-"));
+                }
+            }
+            1 => set_pointer(
+                &mut obj,
+                "/metadata/annotations",
+                json!({"sidecar.initium.dev/inject": "envoy", "initium.dev/mutated-by": "x"}),
+            ),
+            2 => {
+                let labels = json!({"app": name(rng), "team": "payments"});
+                set_pointer(&mut obj, "/metadata/labels", labels);
+            }
+            3 => {
+                let v = value(rng, 2, false, false);
+                set_pointer(&mut obj, "/metadata", v);
+            }
+            4 => {
+                let v = value(rng, 2, false, false);
+                set_pointer(&mut obj, "/spec/containers", v);
+            }
+            5 => obj = nest(rng, obj),
+            6 => {
+                if let Some(m) = obj.as_object_mut() {
+                    m.remove("metadata");
+                }
+            }
+            7 => {
+                let ns = json!(rng.pick(&["payments", "kube-system", "", "shop"]));
+                set_pointer(&mut obj, "/metadata/namespace", ns);
+            }
+            _ => {
+                let path = rng.pick(&["/spec/x", "/metadata/annotations/a", "/status"]);
+                let v = value(rng, 3, false, false);
+                set_pointer(&mut obj, path, v);
+            }
+        }
+    }
+    if !obj.is_object() {
+        obj = json!({"apiVersion": "v1", "kind": "Pod", "spec": obj});
+    }
+    obj
+}
+
+/// Wraps a value deep inside nested objects or arrays (hostile depth, within what the API
+/// server and serde_json's recursion limit let through).
+fn nest(rng: &mut Rng, mut obj: Value) -> Value {
+    let depth = rng.range(20, 110);
+    let mut inner = json!("leaf");
+    for i in 0..depth {
+        inner = if i % 2 == 0 {
+            json!({"n": inner})
+        } else {
+            json!([inner])
+        };
+    }
+    set_pointer(&mut obj, "/spec/deep", inner);
+    obj
+}
+
+fn set_pointer(obj: &mut Value, pointer: &str, v: Value) {
+    let mut cur = obj;
+    let tokens: Vec<&str> = pointer.split('/').skip(1).collect();
+    for (i, t) in tokens.iter().enumerate() {
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        let map = cur.as_object_mut().expect("object");
+        if i + 1 == tokens.len() {
+            map.insert(t.to_string(), v);
+            return;
+        }
+        cur = map.entry(t.to_string()).or_insert_with(|| json!({}));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules
+
+fn selector(rng: &mut Rng) -> Value {
+    let mut s = Map::new();
+    if rng.chance(60) {
+        s.insert(
+            "matchLabels".into(),
+            json!({ rng.pick(NAMES).to_string(): name(rng) }),
+        );
+    }
+    if rng.chance(50) {
+        let op = rng.pick(&["In", "NotIn", "Exists", "DoesNotExist", "Equals", ""]);
+        let values: Vec<String> = (0..rng.small(3)).map(|_| name(rng)).collect();
+        s.insert(
+            "matchExpressions".into(),
+            json!([{"key": rng.pick(NAMES), "operator": op, "values": values}]),
+        );
+    }
+    Value::Object(s)
+}
+
+fn match_resources(rng: &mut Rng, cluster: bool, exclude: bool) -> Value {
+    let mut m = Map::new();
+    if !exclude || rng.chance(20) {
+        let kinds: Vec<&str> = if rng.chance(70) {
+            vec![*rng.pick(&["Pod", "v1/Pod", "*", "apps/v1/Deployment"])]
+        } else {
+            (0..rng.small(3)).map(|_| *rng.pick(KINDS)).collect()
+        };
+        m.insert("kinds".into(), json!(kinds));
+    }
+    if rng.chance(25) {
+        const OPERATIONS: &[&[&str]] = &[
+            &["CREATE"],
+            &["UPDATE"],
+            &["CREATE", "UPDATE"],
+            &["DELETE"],
+            &[],
+        ];
+        let ops = *rng.pick(OPERATIONS);
+        m.insert("operations".into(), json!(ops));
+    }
+    if rng.chance(15) || exclude && rng.chance(30) {
+        let names: Vec<&str> = (0..rng.range(1, 3)).map(|_| *rng.pick(GLOBS)).collect();
+        m.insert("names".into(), json!(names));
+    }
+    if (cluster || rng.chance(5)) && rng.chance(20) {
+        let ns: Vec<&str> = (0..rng.range(1, 3)).map(|_| *rng.pick(GLOBS)).collect();
+        m.insert("namespaces".into(), json!(ns));
+    }
+    if (cluster || rng.chance(5)) && rng.chance(10) {
+        m.insert("namespaceSelector".into(), selector(rng));
+    }
+    if rng.chance(15) || exclude && rng.chance(40) {
+        m.insert("labels".into(), selector(rng));
+    }
+    if rng.chance(15) || exclude && rng.chance(40) {
+        m.insert(
+            "annotations".into(),
+            json!({ rng.pick(&["sidecar.initium.dev/inject", "a", "certs.example.com/inject"]).to_string(): rng.pick(GLOBS).to_string() }),
+        );
+    }
+    Value::Object(m)
+}
+
+fn condition(rng: &mut Rng) -> Value {
+    let path = jsonpath(rng);
+    match rng.below(4) {
+        0 => json!({"path": path, "matches": regex(rng)}),
+        1 => json!({"path": path, "equals": value(rng, 2, false, false)}),
+        2 => json!({"path": path, "exists": rng.chance(50)}),
+        _ => json!({"path": path, "matches": regex(rng), "exists": true}),
+    }
+}
+
+fn patch_op(rng: &mut Rng, element: bool, templates: bool) -> Value {
+    let op = *rng.pick(&["add", "remove", "replace", "move", "copy", "test", "bogus"]);
+    let mut p = json!({"op": op, "path": pointer(rng)});
+    if matches!(op, "move" | "copy") || rng.chance(5) {
+        p["from"] = json!(pointer(rng));
+    }
+    if matches!(op, "add" | "replace" | "test") || rng.chance(5) {
+        p["value"] = value(rng, 2, element, templates);
+    }
+    p
+}
+
+fn upsert(rng: &mut Rng, element: bool, templates: bool) -> Value {
+    let key = *rng.pick(&["name", "name", "mountPath", "id", ""]);
+    let mut v = value(rng, 2, element, templates);
+    if rng.chance(85) {
+        if !v.is_object() {
+            v = json!({});
+        }
+        v[key] = json!(if templates && rng.chance(20) {
+            template_string(rng, element)
+        } else {
+            rng.pick(NAMES).to_string()
+        });
+    }
+    json!({"upsert": {"path": pointer(rng), "key": key, "value": v}})
+}
+
+fn rewrite(rng: &mut Rng) -> Value {
+    let (regex, replacement) = if rng.chance(40) {
+        let (r, p) = rng.pick(REGEX_PAIRS);
+        (r.to_string(), p.to_string())
+    } else {
+        (regex(rng), rng.pick(REPLACEMENTS).to_string())
+    };
+    json!({"rewrite": {"path": pointer(rng), "regex": regex, "replacement": replacement}})
+}
+
+fn merge(rng: &mut Rng, element: bool, templates: bool) -> Value {
+    let mut v = value(rng, 3, element, templates);
+    if !v.is_object() || rng.chance(30) {
+        v = json!({"metadata": {"labels": {"team": value_string(rng, element, templates)}}});
+    }
+    json!({"merge": v})
+}
+
+fn element_mutation(rng: &mut Rng, templates: bool) -> Value {
+    match rng.below(4) {
+        0 => merge(rng, true, templates),
+        1 => {
+            json!({"patch": (0..rng.range(1, 3)).map(|_| patch_op(rng, true, templates)).collect::<Vec<_>>()})
+        }
+        2 => upsert(rng, true, templates),
+        _ => rewrite(rng),
+    }
+}
+
+fn mutation(rng: &mut Rng) -> Value {
+    let mut m = match rng.below(10) {
+        0 | 1 => merge(rng, false, true),
+        2 | 3 => {
+            json!({"patch": (0..rng.range(1, 3)).map(|_| patch_op(rng, false, true)).collect::<Vec<_>>()})
+        }
+        4 | 5 => upsert(rng, false, true),
+        6 | 7 => json!({"forEach": element_jsonpath(rng),
+                        "mutations": (0..rng.range(1, 3)).map(|_| element_mutation(rng, true)).collect::<Vec<_>>()}),
+        _ => rewrite(rng),
+    };
+    if rng.chance(3) {
+        // Two kinds at once, or a forEach without mutations: compile errors.
+        let other = merge(rng, false, false);
+        if let (Some(m), Some(o)) = (m.as_object_mut(), other.as_object()) {
+            m.extend(o.clone());
+        }
+    }
+    m
+}
+
+/// Rule specs built to be hostile: chained `forEach` with `{{ @ }}`, merges that copy the
+/// whole object, rewrites that double strings, patches that copy the object into itself,
+/// expensive regexes. Sizes are parameters, so the shrinker can cut them down.
+fn hostile_mutations(rng: &mut Rng) -> Vec<Value> {
+    let n = rng.range(2, 30);
+    let kind = rng.below(7);
+    (0..n)
+        .map(|i| match kind {
+            0 => json!({"forEach": rng.pick(&["$..*", "$..[*]", "$.spec..*"]).to_string(),
+                        "mutations": [{"merge": {format!("k{}", i % 3): "{{ @ }}"}}]}),
+            1 => json!({"merge": {format!("copy{}", i % 2): "{{ $ }}"}}),
+            2 => json!({"rewrite": {"path": "/metadata/name", "regex": ".", "replacement": "$0$0"}}),
+            3 => json!({"patch": [{"op": "copy", "from": "", "path": format!("/spec/c{}", i % 2)}]}),
+            4 => json!({"forEach": "$..*", "mutations": [{"upsert": {"path": "/list", "key": "name",
+                        "value": {"name": format!("e{i}"), "all": "{{ $ }}"}}}]}),
+            5 => json!({"rewrite": {"path": "/metadata/name", "regex": format!("(\\w{{20}}){{{}}}", 1 + i % 20), "replacement": "$0"}}),
+            _ => json!({"forEach": "$.spec.containers[*]", "mutations": [
+                        {"merge": {"env": [{"name": "X", "value": "{{ @.name }}{{ @.name }}"}], "args": "{{ @ }}"}}]}),
+        })
+        .collect()
+}
+
+/// A MutationRule or ClusterMutationRule document: mostly valid, often with compile errors,
+/// sometimes hostile.
+pub fn rule(rng: &mut Rng, index: usize) -> Value {
+    let seeds = seeds();
+    if rng.chance(15) {
+        let mut r = rng.pick(&seeds.rules).clone();
+        if rng.chance(50) {
+            mutate_value(rng, &mut r);
+        }
+        return r;
+    }
+    let cluster = rng.chance(60);
+    let mut spec = Map::new();
+    if rng.chance(30) {
+        spec.insert(
+            "priority".into(),
+            json!(*rng.pick(&[0i64, -5, 50, 100, i32::MAX as i64, i64::MAX])),
+        );
+    }
+    if rng.chance(30) {
+        spec.insert(
+            "failurePolicy".into(),
+            json!(rng.pick(&["Ignore", "Fail", "Bogus"])),
+        );
+    }
+    spec.insert("match".into(), match_resources(rng, cluster, false));
+    if rng.chance(15) {
+        spec.insert("exclude".into(), match_resources(rng, cluster, true));
+    }
+    if rng.chance(25) {
+        let conditions: Vec<Value> = (0..rng.range(1, 3)).map(|_| condition(rng)).collect();
+        spec.insert("conditions".into(), json!(conditions));
+    }
+    let mutations: Vec<Value> = if rng.chance(12) {
+        hostile_mutations(rng)
+    } else {
+        (0..rng.range(1, 4)).map(|_| mutation(rng)).collect()
+    };
+    spec.insert("mutations".into(), json!(mutations));
+    if rng.chance(3) {
+        spec.insert(
+            "gate".into(),
+            json!({"waitFor": [{"service": {"name": "db"}}], "timeout": rng.pick(&["30s", "10m", "x", "-1s"])}),
+        );
+    }
+    if rng.chance(3) {
+        spec.insert("bogusField".into(), json!(1));
+    }
+    let mut doc = json!({
+        "apiVersion": "initium.dev/v1alpha1",
+        "kind": if cluster { "ClusterMutationRule" } else { "MutationRule" },
+        "metadata": {"name": format!("r{index}")},
+        "spec": spec,
+    });
+    if !cluster {
+        doc["metadata"]["namespace"] = json!(rng.pick(&["payments", "shop", "default"]));
+    }
+    if rng.chance(5) {
+        mutate_value(rng, &mut doc);
+    }
+    doc
+}
+
+/// A rule with one mutation of the kinds docs/rules.md promises are idempotent: `merge` and
+/// `upsert` with literal values, `rewrite` whose output no longer matches, alone or in a
+/// `forEach` over list elements.
+pub fn idempotent_rule(rng: &mut Rng) -> Value {
+    let one = |rng: &mut Rng, element: bool| match rng.below(3) {
+        0 => merge(rng, element, false),
+        1 => upsert(rng, element, false),
+        _ => {
+            let (r, p) = rng.pick(REGEX_PAIRS);
+            let path = if element { "/image" } else { "/metadata/name" };
+            json!({"rewrite": {"path": path, "regex": r, "replacement": p}})
+        }
+    };
+    let mutation = if rng.chance(40) {
+        json!({"forEach": rng.pick(&["$.spec.containers[*]", "$.spec['containers','initContainers'][*]",
+                                     "$.spec.template.spec.containers[*]"]).to_string(),
+               "mutations": [one(rng, true)]})
+    } else {
+        one(rng, false)
+    };
+    json!({"apiVersion": "initium.dev/v1alpha1", "kind": "ClusterMutationRule",
+           "metadata": {"name": "idempotent"},
+           "spec": {"match": {"kinds": ["*"]}, "mutations": [mutation]}})
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mutation of valid documents
+
+/// Changes one node of a JSON value: a field removed, a value replaced by a random one or a
+/// different type, an array element duplicated.
+pub fn mutate_value(rng: &mut Rng, v: &mut Value) {
+    // Walk down a random path.
+    let mut cur = v;
+    loop {
+        let descend = rng.chance(70);
+        let next_key = match cur {
+            Value::Object(map) if descend && !map.is_empty() => {
+                let k = map.keys().nth(rng.below(map.len())).cloned();
+                k.map(Ok)
+            }
+            Value::Array(items) if descend && !items.is_empty() => {
+                Some(Err(rng.below(items.len())))
+            }
+            _ => None,
+        };
+        match next_key {
+            Some(Ok(k)) => cur = cur.get_mut(&k).expect("key"),
+            Some(Err(i)) => cur = cur.get_mut(i).expect("index"),
+            None => break,
+        }
+    }
+    match rng.below(6) {
+        0 => *cur = value(rng, 2, true, true),
+        1 => *cur = Value::Null,
+        2 => {
+            if let Value::Object(map) = cur
+                && !map.is_empty()
+            {
+                let k = map.keys().nth(rng.below(map.len())).cloned().expect("key");
+                map.remove(&k);
+            }
+        }
+        3 => {
+            if let Value::Array(items) = cur
+                && !items.is_empty()
+            {
+                let i = rng.below(items.len());
+                let dup = items[i].clone();
+                items.insert(i, dup);
+            }
+        }
+        4 => *cur = json!(template_string(rng, true)),
+        _ => *cur = json!([cur.clone()]),
+    }
+}
+
+const TOKENS: &[&[u8]] = &[
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"\"",
+    b":",
+    b",",
+    b"null",
+    b"true",
+    b"1e999",
+    b"-0",
+    b"\\u0000",
+    b"\\ud800",
+    b"\xff",
+    b"\x00",
+    b"\n",
+    b"---\n",
+    b"&a ",
+    b"*a",
+    b"!!binary ",
+    b"<<: ",
+    b"\t",
+    b"{{ $ }}",
+    b"{{ @ }}",
+    b"$..*",
+    b"~1",
+    b"'",
+    b"#",
+    b"- ",
+    b"? ",
+    b"|",
+    b">",
+    b"18446744073709551616",
+    b"0x1F",
+    b"yes",
+    b"\xef\xbb\xbf",
+];
+
+/// Byte-level mutation: flips, inserts, deletes, duplicates and splices of interesting tokens.
+pub fn mutate_bytes(rng: &mut Rng, data: &mut Vec<u8>) {
+    for _ in 0..rng.range(1, 8) {
+        let len = data.len();
+        let at = if len == 0 { 0 } else { rng.below(len + 1) };
+        match rng.below(8) {
+            0 if len > 0 => {
+                let i = rng.below(len);
+                data[i] ^= 1 << rng.below(8);
+            }
+            1 if len > 0 => {
+                let i = rng.below(len);
+                data[i] = rng.byte();
+            }
+            2 => {
+                let t = rng.pick(TOKENS);
+                data.splice(at..at, t.iter().copied());
+            }
+            3 if len > 0 => {
+                let end = (at + rng.range(1, 64)).min(len);
+                data.drain(at.min(end)..end);
+            }
+            4 if len > 0 => {
+                let start = rng.below(len);
+                let end = (start + rng.range(1, 256)).min(len);
+                let chunk = data[start..end].to_vec();
+                let at = rng.below(data.len() + 1);
+                data.splice(at..at, chunk);
+            }
+            5 if len > 0 => data.truncate(at),
+            6 => {
+                let t = rng.pick(TOKENS);
+                let n = rng.range(2, 200);
+                let run: Vec<u8> = t.iter().copied().cycle().take(t.len() * n).collect();
+                data.splice(at..at, run);
+            }
+            _ => {
+                let b = rng.byte();
+                data.insert(at, b);
+            }
+        }
+    }
+    // Keep cases bounded: a case that is merely big wastes the run.
+    data.truncate(1 << 20);
+}
+
+/// YAML written to be hostile to the parser: deep nesting, alias expansion, long scalars.
+pub fn hostile_yaml(rng: &mut Rng) -> String {
+    match rng.below(6) {
+        0 => {
+            let n = rng.range(100, 20_000);
+            format!("a: {}1{}\n", "[".repeat(n), "]".repeat(n))
+        }
+        1 => {
+            let n = rng.range(100, 20_000);
+            format!("a: {}1{}\n", "{x: ".repeat(n), "}".repeat(n))
+        }
+        2 => {
+            // Billion laughs: each level refers to the one before ten times.
+            let levels = rng.range(3, 9);
+            let mut s =
+                String::from("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+            for i in 1..levels {
+                let refs = vec![format!("*a{}", i - 1); 10].join(", ");
+                s.push_str(&format!("a{i}: &a{i} [{refs}]\n"));
+            }
+            s.push_str(&format!(
+                "kind: Pod\napiVersion: v1\nmetadata: {{name: x}}\nspec: *a{}\n",
+                levels - 1
+            ));
+            s
+        }
+        3 => {
+            let n = rng.range(50, 3000);
+            let mut s = String::new();
+            for i in 0..n {
+                s.push_str(&" ".repeat(i.min(4000)));
+                s.push_str("- \n");
+            }
+            s
+        }
+        4 => format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {}\n",
+            "x".repeat(rng.range(1000, 200_000))
+        ),
+        _ => "---\n".repeat(rng.range(10, 50_000)),
+    }
+}
