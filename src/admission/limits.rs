@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::MAX_BODY_BYTES;
 
 /// The limits of the webhook server. [`Limits::default`] gives the defaults of the flags.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Largest request body (`--max-body-bytes`); above it, 413.
     pub max_body_bytes: usize,

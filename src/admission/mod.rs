@@ -418,3 +418,100 @@ fn operation_label(operation: &str) -> &'static str {
         _ => "unknown",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::AdmissionConfig;
+    use axum::body::Body;
+    use tower::ServiceExt as _;
+
+    const RULE_REVIEW: &str =
+        include_str!("../../tests/data/admission/mutationrule-create-valid.json");
+    const POD_REVIEW: &str = include_str!("../../tests/data/admission/pod-create.json");
+
+    fn shared() -> Arc<Shared> {
+        Shared::new(AdmissionConfig {
+            budget: Duration::from_millis(50),
+            ..AdmissionConfig::default()
+        })
+    }
+
+    async fn post(shared: &Arc<Shared>, path: &str, body: Vec<u8>) -> (StatusCode, String) {
+        let request = axum::http::Request::post(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body))
+            .expect("request");
+        let response = router(shared.clone())
+            .oneshot(request)
+            .await
+            .expect("infallible");
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_rule_that_waits_its_whole_budget_for_a_compile_turn_is_denied_with_retry() {
+        let shared = shared();
+        let turns = shared.validations.clone();
+        let taken = turns
+            .clone()
+            .acquire_many_owned(shared.config.limits.max_concurrent_validations as u32)
+            .await
+            .expect("all turns");
+        let started = Instant::now();
+        let (status, text) = post(&shared, "/validate", RULE_REVIEW.into()).await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(50),
+            "waited the budget"
+        );
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let answer: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let response = &answer["response"];
+        assert_eq!(response["allowed"], false, "{answer}");
+        assert_eq!(response["status"]["code"], 429, "{answer}");
+        let message = response["status"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("--max-concurrent-validations") && message.contains("retry"),
+            "{message}"
+        );
+        assert_eq!(
+            response["uid"],
+            serde_json::from_str::<serde_json::Value>(RULE_REVIEW).expect("JSON")["request"]["uid"]
+        );
+        // A turn frees up: the rule is checked (and valid).
+        drop(taken);
+        let (status, text) = post(&shared, "/validate", RULE_REVIEW.into()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(text.contains("\"allowed\":true"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_large_review_that_waits_its_whole_budget_for_a_turn_gets_503() {
+        let shared = shared();
+        // Above the inline limit: padding the review keeps it valid.
+        let mut review: serde_json::Value = serde_json::from_str(POD_REVIEW).expect("JSON");
+        review["padding"] = serde_json::Value::String("x".repeat(100 * 1024));
+        let body = serde_json::to_vec(&review).expect("JSON");
+        assert!(body.len() > shared.config.inline_body_limit);
+        let taken = shared
+            .blocking_reviews
+            .clone()
+            .acquire_many_owned(shared.config.limits.max_blocking_reviews as u32)
+            .await
+            .expect("all turns");
+        let (status, text) = post(&shared, "/mutate", body.clone()).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+        assert!(text.contains("--max-blocking-reviews"), "{text}");
+        // Small reviews do not wait for those turns.
+        let (status, _) = post(&shared, "/mutate", POD_REVIEW.into()).await;
+        assert_eq!(status, StatusCode::OK);
+        drop(taken);
+        let (status, text) = post(&shared, "/mutate", body).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert_eq!(shared.inflight.used(), 0, "every byte given back");
+    }
+}

@@ -440,3 +440,93 @@ async fn shutdown_signal() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Command {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn the_flags_default_to_the_documented_limits() {
+        let args = Command::try_parse_from(["initium"]).expect("defaults parse");
+        assert_eq!(args.serve.limits(), Limits::default());
+        let args = Command::try_parse_from([
+            "initium",
+            "--max-inflight-bytes",
+            "64Mi",
+            "--max-header-bytes",
+            "8192",
+        ])
+        .expect("sizes parse");
+        assert_eq!(args.serve.max_inflight_bytes, 64 << 20);
+        assert_eq!(args.serve.max_header_bytes, 8192);
+        let e = bytes("8MB").unwrap_err();
+        assert!(e.contains("Ki, Mi or Gi"), "{e}");
+    }
+
+    #[test]
+    fn text_logs_escape_control_characters_from_untrusted_text() {
+        use std::sync::{Arc, Mutex};
+        let written = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = written.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .fmt_fields(text_fields())
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        let name = "web\u{1b}[2J\u{1b}[31mred\u{7}\u{202e}";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(name = %name, kind = "Pod\u{1b}]0;title\u{7}", "admitted {name}");
+        });
+        let text = String::from_utf8(written.lock().map(|w| w.clone()).unwrap_or_default())
+            .expect("UTF-8");
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text:?}"
+        );
+        assert!(!text.contains('\u{202e}'), "{text:?}");
+        assert!(
+            text.contains(r"name=web\u{1b}[2J\u{1b}[31mred\u{7}\u{202e}"),
+            "{text}"
+        );
+        assert!(text.contains(r"admitted web\u{1b}[2J"), "{text}");
+        assert_eq!(text.trim_end().lines().count(), 1, "{text}");
+    }
+
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if let Ok(mut w) = self.0.lock() {
+                w.extend_from_slice(buf);
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_cause_chain_lists_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("the webhook server stopped")]
+        struct Outer(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("read failed: {0}")]
+        struct Repeats(#[source] std::io::Error);
+        let e = Outer(std::io::Error::other("too many open files"));
+        assert_eq!(
+            cause_chain(&e),
+            "the webhook server stopped: too many open files"
+        );
+        let e = Repeats(std::io::Error::other("too many open files"));
+        assert_eq!(cause_chain(&e), "read failed: too many open files");
+    }
+}
