@@ -115,6 +115,30 @@ fn install_crds() {
     });
 }
 
+/// GET on a plain-HTTP port of 127.0.0.1: (status, body); status 0 if nothing answers.
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -199,27 +223,7 @@ impl Initium {
 
     /// GET on the operations port: (status, body).
     fn ops(&self, path: &str) -> (u16, String) {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.ops_port)) else {
-            return (0, String::new());
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-        if stream.write_all(request.as_bytes()).is_err() {
-            return (0, String::new());
-        }
-        let mut response = String::new();
-        let _ = stream.read_to_string(&mut response);
-        let status = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
+        http_get(self.ops_port, path)
     }
 
     fn stop(&mut self) {
@@ -834,4 +838,146 @@ fn two_replicas_both_serve_and_only_the_lease_holder_writes() {
         "the new leader to write status",
         || (ready_status("mr", Some(&team), "later")? == "True").then_some(()),
     );
+}
+
+/// What `initium serve` did with one of its ports taken by another process.
+struct TakenPort {
+    exited: Option<std::process::ExitStatus>,
+    stderr: String,
+    /// Whether `/readyz` ever answered 200 meanwhile.
+    was_ready: bool,
+}
+
+/// Runs `initium serve` with `flag`'s port taken (the other one free) for at most 15 s.
+fn serve_with_port_taken(flag: &str, own: &str, name: &str) -> (TakenPort, String) {
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("a port to take");
+    let taken = squatter.local_addr().expect("address").port();
+    let (webhook_port, ops_port) = match flag {
+        "--listen" => (taken, free_port()),
+        _ => (free_port(), taken),
+    };
+    let listen = format!("127.0.0.1:{webhook_port}");
+    let stderr_path = std::env::temp_dir().join(format!("{name}-{taken}.stderr"));
+    let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_initium"))
+        .args(["serve", "--listen", &listen, "--webhook-url"])
+        .arg(format!("https://{listen}"))
+        .args(["--ops-listen", &format!("127.0.0.1:{ops_port}")])
+        .args([
+            "--namespace",
+            own,
+            "--webhook-name",
+            name,
+            "--lease-name",
+            name,
+        ])
+        .env("KUBECONFIG", support::kubeconfig_path())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("initium serve starts");
+    let started = Instant::now();
+    let mut was_ready = false;
+    let exited = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(15) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        // With the webhook port taken, the ops port is initium's own: ask it.
+        if flag == "--listen" && http_get(ops_port, "/readyz").0 == 200 {
+            was_ready = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    drop(squatter);
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&stderr_path);
+    let address = format!("127.0.0.1:{taken}");
+    (
+        TakenPort {
+            exited,
+            stderr,
+            was_ready,
+        },
+        address,
+    )
+}
+
+/// The objects serve would have written, by `kubectl get` argument, that exist.
+fn installed(own: &str, name: &str) -> Vec<String> {
+    [
+        vec!["mutatingwebhookconfiguration", name],
+        vec!["validatingwebhookconfiguration", name],
+        vec!["secret", "initium-tls", "-n", own],
+        vec!["lease", name, "-n", own],
+    ]
+    .into_iter()
+    .filter(|args| {
+        kubectl(&[&["get"], args.as_slice()].concat())
+            .status
+            .success()
+    })
+    .map(|args| args.join(" "))
+    .collect()
+}
+
+#[test]
+fn a_taken_port_stops_serve_at_once_and_nothing_is_installed() {
+    let _serial = serial();
+    install_crds();
+    let own = namespace("initium-own");
+    for flag in ["--listen", "--ops-listen"] {
+        let name = unique("initium-taken");
+        let started = Instant::now();
+        let (run, address) = serve_with_port_taken(flag, &own, &name);
+        let took = started.elapsed();
+        let installed = installed(&own, &name);
+        let _ = kubectl(&[
+            "delete",
+            "mutatingwebhookconfiguration",
+            &name,
+            "--ignore-not-found",
+        ]);
+        let _ = kubectl(&[
+            "delete",
+            "validatingwebhookconfiguration",
+            &name,
+            "--ignore-not-found",
+        ]);
+        let status = run.exited.unwrap_or_else(|| {
+            panic!(
+                "{flag} taken: serve kept running for 15 s (/readyz answered 200: {}; installed: \
+                 {installed:?})\n{}",
+                run.was_ready, run.stderr
+            )
+        });
+        assert!(
+            !status.success(),
+            "{flag} taken: exit {status}\n{}",
+            run.stderr
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "{flag} taken: exited after {took:?}"
+        );
+        let last = run.stderr.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: cannot listen on")
+                && last.contains(&address)
+                && last.contains(flag)
+                && last.contains("another process uses this port"),
+            "{flag} taken: the last line names the flag and the address: {last:?}\n{}",
+            run.stderr
+        );
+        assert!(!run.was_ready, "{flag} taken: /readyz answered 200");
+        assert!(
+            installed.is_empty(),
+            "{flag} taken: installed {installed:?}"
+        );
+    }
+    let _ = kubectl(&["delete", "namespace", &own, "--wait=false"]);
 }
