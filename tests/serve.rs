@@ -589,6 +589,15 @@ spec:
         selector.contains("kube-system") && selector.contains(&own),
         "{selector}"
     );
+    // A review sent straight to the port, around the webhook configuration, claiming an
+    // excluded namespace: allowed, no patch. The same review for the team namespace is patched.
+    let patched = post_review(initium.webhook_port, &pod_review(&team));
+    assert!(patched["response"]["patch"].is_string(), "{patched}");
+    for ns in [own.as_str(), "kube-system"] {
+        let answer = post_review(initium.webhook_port, &pod_review(ns));
+        assert_eq!(answer["response"]["allowed"], true, "{ns}: {answer}");
+        assert!(answer["response"].get("patch").is_none(), "{ns}: {answer}");
+    }
 }
 
 /// An `Ignore` rule in `soft` and a `Fail` rule in `strict`, each adding a label to Pods.
