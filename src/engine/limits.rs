@@ -122,22 +122,22 @@ pub fn count_nodes(value: &Value, max: usize) -> usize {
     count
 }
 
-/// Why a rule stopped: over a limit (a sentence for the client) or out of time.
+/// Why a rule stopped: an error or a limit (a sentence for the client), or out of time.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Stop {
-    Limit(String),
+    Error(String),
     Budget,
 }
 
 impl From<String> for Stop {
     fn from(message: String) -> Self {
-        Stop::Limit(message)
+        Stop::Error(message)
     }
 }
 
 impl From<&str> for Stop {
     fn from(message: &str) -> Self {
-        Stop::Limit(message.to_string())
+        Stop::Error(message.to_string())
     }
 }
 
@@ -145,7 +145,7 @@ impl Stop {
     /// The same stop, its message put in context (the budget needs none).
     pub fn context(self, f: impl FnOnce(String) -> String) -> Stop {
         match self {
-            Stop::Limit(message) => Stop::Limit(f(message)),
+            Stop::Error(message) => Stop::Error(f(message)),
             Stop::Budget => Stop::Budget,
         }
     }
@@ -154,7 +154,7 @@ impl Stop {
 impl std::fmt::Display for Stop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Stop::Limit(message) => f.write_str(message),
+            Stop::Error(message) => f.write_str(message),
             Stop::Budget => f.write_str("the latency budget ran out while the rule was running"),
         }
     }
@@ -204,13 +204,13 @@ impl<'a> Meter<'a> {
         let rule = self.rule_written.saturating_add(bytes);
         let total = self.total_written.saturating_add(bytes);
         if rule > self.limits.rule_output_bytes {
-            return Err(Stop::Limit(format!(
+            return Err(Stop::Error(format!(
                 "the rule would write more than {} into the object (the per-rule output limit, --max-rule-output)",
                 human_bytes(self.limits.rule_output_bytes)
             )));
         }
         if total > self.limits.admission_output_bytes {
-            return Err(Stop::Limit(format!(
+            return Err(Stop::Error(format!(
                 "the rules together would write more than {} into the object (the per-object output limit, --max-admission-output)",
                 human_bytes(self.limits.admission_output_bytes)
             )));
@@ -239,7 +239,7 @@ impl<'a> Meter<'a> {
             .steps
             .saturating_add(elements.saturating_mul(mutations));
         if self.steps > self.limits.foreach_steps {
-            return Err(Stop::Limit(format!(
+            return Err(Stop::Error(format!(
                 "forEach would take more than {} element × mutation steps (the limit, --max-foreach-steps): {elements} elements × {mutations} mutations",
                 self.limits.foreach_steps
             )));
@@ -269,7 +269,7 @@ impl<'a> Meter<'a> {
 /// [`MAX_DEPTH`].
 pub(crate) fn check_depth(depth: usize, at_depth: usize) -> Result<(), Stop> {
     if depth.saturating_add(at_depth) > MAX_DEPTH {
-        return Err(Stop::Limit(format!(
+        return Err(Stop::Error(format!(
             "the rule would nest the object more than {MAX_DEPTH} levels deep (the depth limit)"
         )));
     }

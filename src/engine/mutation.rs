@@ -467,26 +467,28 @@ impl Mutation {
                 }
                 Ok(())
             }
-            Mutation::Upsert { path, key, value } => {
+            Mutation::Upsert {
+                path,
+                key,
+                value: template,
+            } => {
                 let value = match rendered {
                     Rendered::One(v) => v,
-                    _ => value
+                    _ => template
                         .literal()
                         .map(Lit::to_value)
                         .ok_or_else(|| "upsert value was not rendered".to_string())?,
                 };
                 if value.get(key).is_none() {
-                    return Err(Stop::Limit(format!(
+                    return Err(Stop::Error(format!(
                         "upsert {}: the value has no key field {key:?}",
                         path.as_str()
                     )));
                 }
                 // The value lands as an element of the list at `path`.
                 let at_depth = base.depth() + path.depth() + 1;
-                let Mutation::Upsert { value: t, .. } = self else {
-                    return Ok(());
-                };
-                count_write(meter, t, t.literal().is_none().then_some(&value), at_depth)?;
+                let rendered = template.literal().is_none().then_some(&value);
+                count_write(meter, template, rendered, at_depth)?;
                 let at = base.join(path);
                 let list = match path.get_mut(target) {
                     Some(list) => list,
@@ -495,7 +497,7 @@ impl Mutation {
                         path.get_or_create(target, || Value::Array(Vec::new()))?
                     }
                 };
-                upsert(list, &at, key, value, journal).map_err(Stop::Limit)
+                upsert(list, &at, key, value, journal).map_err(Stop::Error)
             }
             Mutation::Rewrite {
                 path,
@@ -512,7 +514,7 @@ impl Mutation {
                     }
                     Ok(())
                 }
-                Some(other) => Err(Stop::Limit(format!(
+                Some(other) => Err(Stop::Error(format!(
                     "rewrite {}: the field is {}, not a string",
                     path.as_str(),
                     type_name(other)
@@ -573,7 +575,7 @@ impl Mutation {
                             .map(Lit::to_value),
                     };
                     step.apply_to(target, base, value.unwrap_or(Value::Null), journal)
-                        .map_err(|e| Stop::Limit(format!("patch[{i}] {}: {e}", step.describe())))?;
+                        .map_err(|e| Stop::Error(format!("patch[{i}] {}: {e}", step.describe())))?;
                 }
                 Ok(())
             }

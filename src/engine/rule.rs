@@ -408,7 +408,7 @@ impl CompiledRule {
         match self.matches_guarded(subject, doc) {
             Ok(true) => {}
             Ok(false) => return RuleResult::NotMatched,
-            Err(e) => return RuleResult::Failed(Stop::Limit(e)),
+            Err(e) => return RuleResult::Failed(Stop::Error(e)),
         }
         meter.start_rule();
         let mut journal = Journal::default();
@@ -416,7 +416,7 @@ impl CompiledRule {
             self.mutate(doc, &mut journal, meter)?;
             check_identity(&journal, doc)
         }))
-        .unwrap_or_else(|panic| Err(Stop::Limit(internal_error(&panic))));
+        .unwrap_or_else(|panic| Err(Stop::Error(internal_error(&panic))));
         match result {
             Ok(()) if journal.changed(doc) => RuleResult::Changed(journal),
             Ok(()) => RuleResult::Unchanged,
@@ -470,7 +470,7 @@ fn check_identity(journal: &Journal, doc: &Value) -> Result<(), Stop> {
                 Some(Value::String(s)) => format!("{s:?}"),
                 Some(other) => describe_value(other).to_string(),
             };
-            return Err(Stop::Limit(format!(
+            return Err(Stop::Error(format!(
                 "the rule would change {field} from {} to {}; a rule may not change an object's apiVersion, kind, name or namespace",
                 show(before.as_ref()),
                 show(pointer.get(doc))

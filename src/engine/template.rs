@@ -203,7 +203,7 @@ fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, S
                         v @ (Value::Number(_) | Value::Bool(_)) => out.push_str(&v.to_string()),
                         Value::Null => {}
                         other => {
-                            return Err(Stop::Limit(format!(
+                            return Err(Stop::Error(format!(
                                 "template {{{{ {} }}}} selected {}; inside a longer string only strings, numbers and booleans fit",
                                 expr.source,
                                 type_name(other)
