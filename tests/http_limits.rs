@@ -501,3 +501,29 @@ async fn tls_1_0_and_1_1_clients_are_refused_and_1_2_is_served() {
     let (ok, text) = blocking(move || s_client("-tls1_2")).await;
     assert!(ok && text.contains("TLSv1.2"), "{text}");
 }
+
+#[tokio::test]
+async fn a_large_review_with_too_many_json_values_is_refused_before_parsing() {
+    let shared = shared_with(Limits {
+        max_json_values: 50_000,
+        ..Limits::default()
+    });
+    // 100,000 numbers in 200 KB: parsed, they would take 3.2 MB and more.
+    let mut review: serde_json::Value = serde_json::from_slice(&pod_review()).expect("JSON");
+    review["request"]["object"]["spec"]["numbers"] = serde_json::json!(vec![0; 100_000]);
+    let body = serde_json::to_vec(&review).expect("JSON");
+    for path in ["/mutate", "/validate"] {
+        let (status, text) = send(
+            &shared,
+            post(path, Some(body.len()), Body::from(body.clone())),
+        )
+        .await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}: {text}");
+        assert!(text.contains("--max-json-values"), "{path}: {text}");
+    }
+    // Within the limit, the same review is answered.
+    review["request"]["object"]["spec"]["numbers"] = serde_json::json!(vec![0; 40_000]);
+    let body = serde_json::to_vec(&review).expect("JSON");
+    let (status, text) = send(&shared, post("/mutate", Some(body.len()), Body::from(body))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+}

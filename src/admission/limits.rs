@@ -45,6 +45,11 @@ pub struct Limits {
     /// (`--max-blocking-reviews`); one that waits longer than the latency budget gets 503 and
     /// the API server applies the webhook's failure policy.
     pub max_blocking_reviews: usize,
+    /// JSON values (array elements, object members, containers) in a review above 64 KiB
+    /// (`--max-json-values`); above it, 413 before the review is parsed. Parsed JSON takes up
+    /// to 16 times the bytes of its text (8 MiB of `[0,0,...]` is 128 MiB of values), so the
+    /// body limit alone does not bound the memory of parsing.
+    pub max_json_values: usize,
 }
 
 impl Default for Limits {
@@ -59,6 +64,7 @@ impl Default for Limits {
             http2_max_concurrent_streams: 100,
             max_concurrent_validations: 2,
             max_blocking_reviews: 2,
+            max_json_values: 1_000_000,
         }
     }
 }
@@ -91,6 +97,9 @@ impl Limits {
         if self.max_blocking_reviews == 0 {
             return zero("--max-blocking-reviews");
         }
+        if self.max_json_values == 0 {
+            return zero("--max-json-values");
+        }
         if self.max_inflight_bytes < self.max_body_bytes {
             return Err(format!(
                 "--max-inflight-bytes ({}) must be at least --max-body-bytes ({}), or no \
@@ -108,6 +117,38 @@ impl Limits {
         }
         Ok(())
     }
+}
+
+/// Whether `body` holds at most `limit` JSON values, counted without parsing: every value
+/// but the first of an array or object follows a `,`, the first follows its `[` or `{`, so
+/// `,` `[` `{` outside strings (plus the document itself) bound the count from above. A
+/// linear scan, run on the blocking pool before a large review is parsed.
+pub(crate) fn json_values_within(body: &[u8], limit: usize) -> bool {
+    let mut values = 1usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &byte in body {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b',' | b'[' | b'{' => {
+                values += 1;
+                if values > limit {
+                    return false;
+                }
+            }
+            _ => {}
+        }
+    }
+    true
 }
 
 /// Bytes of request bodies in flight across all connections.
@@ -280,6 +321,21 @@ mod tests {
         assert_eq!(pool.used(), 40);
         drop(b);
         assert_eq!(pool.used(), 0);
+    }
+
+    #[test]
+    fn json_values_are_counted_outside_strings() {
+        assert!(json_values_within(b"[0,0,0]", 4));
+        assert!(!json_values_within(b"[0,0,0]", 3));
+        assert!(json_values_within(br#"{"a":"x,y,[{","b":[1]}"#, 4));
+        assert!(
+            json_values_within(br#"["\",",1]"#, 3),
+            "an escaped quote ends no string"
+        );
+        assert!(
+            !json_values_within(br#"["\\",1,2]"#, 3),
+            "an escaped backslash escapes no quote"
+        );
     }
 
     #[test]

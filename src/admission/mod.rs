@@ -92,7 +92,8 @@ pub async fn serve(
             // Failed handshakes are usually clients that do not trust our certificate (a stale
             // caBundle: the API server then reports "x509: certificate signed by unknown
             // authority"); at debug, because port scans and probes fail the same way.
-            tracing::debug!(peer = ?peer, %error, "webhook connection failed before its first request");
+            let peer = peer.map(ToString::to_string).unwrap_or_default();
+            tracing::debug!(%peer, %error, "webhook connection failed before its first request");
         });
     let builder = server.http_builder();
     builder
@@ -137,6 +138,8 @@ pub(crate) enum Reply {
     BadRequest(String),
     /// 500: initium could not answer; the API server applies the webhook's failurePolicy.
     Internal(String),
+    /// 413: the review is too large to parse.
+    TooLarge(String),
     /// 503: initium is at a limit; the API server applies the webhook's failurePolicy, a
     /// client may retry.
     Busy(String),
@@ -152,6 +155,7 @@ impl IntoResponse for Reply {
             Reply::Internal(message) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, message).into_response()
             }
+            Reply::TooLarge(message) => (StatusCode::PAYLOAD_TOO_LARGE, message).into_response(),
             Reply::Busy(message) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 [(header::RETRY_AFTER, "1")],
@@ -251,7 +255,18 @@ async fn blocking(
     work: Work,
 ) -> Response {
     let done = tokio::task::spawn_blocking(move || {
-        let reply = work(&shared, &body, arrival);
+        let max = shared.config.limits.max_json_values;
+        let reply = if limits::json_values_within(&body, max) {
+            work(&shared, &body, arrival)
+        } else {
+            let message = format!(
+                "the AdmissionReview has more than {max} JSON values (--max-json-values); \
+                 no object the API server stores has that many"
+            );
+            tracing::warn!(bytes = body.len(), error = %message, "rejected an admission request");
+            observe(&shared, "unknown", "unknown", "error", arrival);
+            Reply::TooLarge(message)
+        };
         drop((turn, reservation));
         reply
     })

@@ -98,6 +98,10 @@ pub struct ServeArgs {
     /// gets 503 and the API server applies the webhook's failure policy.
     #[arg(long, default_value_t = 2)]
     pub max_blocking_reviews: usize,
+    /// JSON values (elements, members) in an AdmissionReview above 64 KiB; more gets 413
+    /// before it is parsed (parsing takes up to 16 times a body's bytes).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_json_values: usize,
 }
 
 impl ServeArgs {
@@ -113,6 +117,7 @@ impl ServeArgs {
             http2_max_concurrent_streams: self.http2_max_concurrent_streams,
             max_concurrent_validations: self.max_concurrent_validations,
             max_blocking_reviews: self.max_blocking_reviews,
+            max_json_values: self.max_json_values,
         }
     }
 }
