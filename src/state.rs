@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 
 use crate::admission::Limits;
 use crate::admission::limits::InflightBytes;
-use crate::engine::RuleIndex;
+use crate::engine::{Limits as RuleLimits, RuleIndex};
 use crate::metrics::Metrics;
 
 /// Labels of every Namespace, by name (for `namespaceSelector`).
@@ -33,6 +33,8 @@ pub struct AdmissionConfig {
     pub excluded_namespaces: Vec<String>,
     /// Limits of the webhook server (connections, timeouts, bytes, blocking work).
     pub limits: Limits,
+    /// What one admission's rules may do (output bytes, forEach steps).
+    pub rule_limits: RuleLimits,
 }
 
 impl Default for AdmissionConfig {
@@ -42,6 +44,7 @@ impl Default for AdmissionConfig {
             inline_body_limit: 64 * 1024,
             excluded_namespaces: vec!["kube-system".into()],
             limits: Limits::default(),
+            rule_limits: RuleLimits::default(),
         }
     }
 }

@@ -1215,3 +1215,34 @@ mod https {
         );
     }
 }
+
+#[tokio::test]
+async fn the_rule_limits_of_serve_reach_the_engine() {
+    // A rule that writes 2 KB: within the default 1 MiB, over a 1 KiB --max-rule-output.
+    let writer = cluster_rule(
+        "big-annotation",
+        json!({"match": {"kinds": ["Pod"]},
+               "mutations": [{"merge": {"metadata": {"annotations": {"big": "x".repeat(2000)}}}}]}),
+    );
+    let review = review("pod-create");
+    let shared = shared(vec![writer.clone()]);
+    assert!(warnings(&mutate(&shared, &review).await).is_empty());
+    let shared = shared_with(
+        vec![writer],
+        AdmissionConfig {
+            rule_limits: initium::engine::Limits {
+                rule_output_bytes: 1024,
+                ..Default::default()
+            },
+            ..AdmissionConfig::default()
+        },
+    );
+    let response = mutate(&shared, &review).await;
+    assert_unchanged(&response);
+    assert_eq!(
+        warnings(&response),
+        [
+            "ClusterMutationRule big-annotation skipped: spec.mutations[0]: the rule would write more than 1 KiB into the object (the per-rule output limit, --max-rule-output)"
+        ]
+    );
+}

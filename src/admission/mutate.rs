@@ -93,7 +93,7 @@ pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
         namespace_labels: request.namespace().and_then(|ns| namespaces.get(ns)),
     };
     let deadline = arrival.checked_add(shared.config.budget);
-    let result = index.evaluate(&subject, object, deadline);
+    let result = index.evaluate_with(&subject, object, deadline, &shared.config.rule_limits);
 
     let admitted = Admitted {
         request: &request,

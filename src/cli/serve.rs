@@ -7,7 +7,7 @@ use tokio::task::JoinHandle;
 
 use crate::admission::Limits;
 use crate::controller::{self, CaBundleSource, ControllerConfig, TlsSource, WebhookEndpoint};
-use crate::engine::parse_duration;
+use crate::engine::{Limits as RuleLimits, parse_duration};
 use crate::state::{AdmissionConfig, Shared};
 use crate::{Error, admission, ops};
 
@@ -102,9 +102,29 @@ pub struct ServeArgs {
     /// before it is parsed (parsing takes up to 16 times a body's bytes).
     #[arg(long, default_value_t = 1_000_000)]
     pub max_json_values: usize,
+    /// Bytes (as JSON) one rule may write into one object: values it adds or replaces, what
+    /// its templates copy, what its rewrites produce. A rule over it fails by its
+    /// failurePolicy, its changes undone (docs/rules.md, Limits).
+    #[arg(long, default_value = "1Mi", value_parser = bytes)]
+    pub max_rule_output: usize,
+    /// Bytes all rules together may write into one object.
+    #[arg(long, default_value = "4Mi", value_parser = bytes)]
+    pub max_admission_output: usize,
+    /// Element × mutation steps one rule's forEach mutations may take in one object.
+    #[arg(long, default_value_t = 100_000)]
+    pub max_foreach_steps: usize,
 }
 
 impl ServeArgs {
+    /// What one admission's rules may do, from the flags.
+    pub fn rule_limits(&self) -> RuleLimits {
+        RuleLimits {
+            rule_output_bytes: self.max_rule_output,
+            admission_output_bytes: self.max_admission_output,
+            foreach_steps: self.max_foreach_steps,
+        }
+    }
+
     /// The webhook server's limits from the flags.
     pub fn limits(&self) -> Limits {
         Limits {
@@ -120,6 +140,21 @@ impl ServeArgs {
             max_json_values: self.max_json_values,
         }
     }
+}
+
+/// The rule limits must let a rule write something, and one rule's share must fit in the
+/// whole object's.
+fn validate_rule_limits(limits: &RuleLimits) -> Result<(), String> {
+    if limits.rule_output_bytes == 0 || limits.foreach_steps == 0 {
+        return Err("--max-rule-output and --max-foreach-steps must be more than zero".into());
+    }
+    if limits.admission_output_bytes < limits.rule_output_bytes {
+        return Err(format!(
+            "--max-admission-output ({}) must be at least --max-rule-output ({})",
+            limits.admission_output_bytes, limits.rule_output_bytes
+        ));
+    }
+    Ok(())
 }
 
 /// A size in bytes: `1048576`, `512Ki`, `8Mi`, `1Gi`.
@@ -239,6 +274,8 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     limits
         .validate()
         .map_err(|e| Error::Serve(format!("invalid limits: {e}")))?;
+    validate_rule_limits(&args.rule_limits())
+        .map_err(|e| Error::Serve(format!("invalid limits: {e}")))?;
     // The ports first, before anything is written to the cluster: with a port taken, serve
     // stops here, and no Secret, Lease or webhook configuration points at another process.
     let webhook_listener = listen(args.listen, "--listen").await?;
@@ -296,6 +333,7 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
         budget: args.budget,
         excluded_namespaces,
         limits,
+        rule_limits: args.rule_limits(),
         ..AdmissionConfig::default()
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -461,6 +499,20 @@ mod tests {
     fn the_flags_default_to_the_documented_limits() {
         let args = Command::try_parse_from(["initium"]).expect("defaults parse");
         assert_eq!(args.serve.limits(), Limits::default());
+        assert_eq!(args.serve.rule_limits(), RuleLimits::default());
+        let args = Command::try_parse_from([
+            "initium",
+            "--max-rule-output",
+            "8Mi",
+            "--max-admission-output",
+            "4Mi",
+        ])
+        .expect("sizes parse");
+        let e = validate_rule_limits(&args.serve.rule_limits()).unwrap_err();
+        assert_eq!(
+            e,
+            "--max-admission-output (4194304) must be at least --max-rule-output (8388608)"
+        );
         let args = Command::try_parse_from([
             "initium",
             "--max-inflight-bytes",
