@@ -26,17 +26,17 @@ const SHORT_SEED: u64 = 0x1_2025_0715;
 
 #[test]
 fn fuzz_reviews() {
-    harness::short("reviews", SHORT_SEED, 250);
+    harness::short("reviews", SHORT_SEED, 800);
 }
 
 #[test]
 fn fuzz_rules() {
-    harness::short("rules", SHORT_SEED, 120);
+    harness::short("rules", SHORT_SEED, 160);
 }
 
 #[test]
 fn fuzz_cli() {
-    harness::short("cli", SHORT_SEED, 60);
+    harness::short("cli", SHORT_SEED, 200);
 }
 
 /// The harness itself: a panic, an oracle failure, a stack overflow and a slow case in the

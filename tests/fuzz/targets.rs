@@ -537,7 +537,11 @@ fn check_answer(
                 ));
             }
             let response = &review["response"];
-            let sent: Option<Value> = serde_json::from_slice(body).ok();
+            // The handler skips fields it does not read without checking their UTF-8; read
+            // the body the same way (the fields it reads would have failed it).
+            let sent: Option<Value> = serde_json::from_slice(body)
+                .ok()
+                .or_else(|| serde_json::from_str(&String::from_utf8_lossy(body)).ok());
             let request = sent.as_ref().map(|s| &s["request"]);
             if let Some(uid) = request.and_then(|r| r.get("uid"))
                 && response["uid"] != *uid
@@ -578,6 +582,17 @@ fn check_answer(
             }
             if allowed {
                 if let Some(patch) = response.get("patch") {
+                    // kube-system is never mutated, whatever the review says (issue 15).
+                    let claims = |p: &str| {
+                        request.and_then(|r| r.pointer(p)).and_then(Value::as_str)
+                            == Some("kube-system")
+                    };
+                    if claims("/namespace") || claims("/object/metadata/namespace") {
+                        return Err(format!(
+                            "{path}: an object in kube-system is mutated\n{}",
+                            cut(&text)
+                        ));
+                    }
                     if response["patchType"] != "JSONPatch" {
                         return Err(format!("{path}: a patch without patchType JSONPatch"));
                     }
