@@ -110,6 +110,67 @@ fn read_text(file: &Path) -> Result<(String, String)> {
     Ok((origin, text))
 }
 
+/// Nesting initium reads in YAML: the YAML reader recurses, with large frames, so this is
+/// lower than JSON's 128 (`serde_json`). Kubernetes objects stay far below either; an object
+/// nested deeper than this can be given as JSON, and `apply -o json` writes it back.
+pub const YAML_MAX_DEPTH: usize = 64;
+/// Documents in one YAML file (a rendered chart can hold thousands).
+const YAML_MAX_DOCUMENTS: usize = 100_000;
+/// Nodes in one YAML file, aliases expanded (the guard against "billion laughs").
+const YAML_MAX_NODES: usize = 2_000_000;
+
+fn yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_depth = YAML_MAX_DEPTH;
+    budget.max_documents = YAML_MAX_DOCUMENTS;
+    budget.max_nodes = YAML_MAX_NODES;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
+/// The YAML reader's error as a sentence: its limits and its advice to the programmer
+/// ("set DuplicateKeyPolicy in Options") become what the person who wrote the file can do.
+fn yaml_error(error: &serde_saphyr::Error) -> String {
+    use serde_saphyr::budget::BudgetBreach;
+    let mut inner = error;
+    while let serde_saphyr::Error::AliasError { error, .. }
+    | serde_saphyr::Error::WithSnippet { error, .. } = inner
+    {
+        inner = error;
+    }
+    let serde_saphyr::Error::Budget { breach, .. } = inner else {
+        return error.to_string().replace(
+            ", set DuplicateKeyPolicy in Options if acceptable",
+            "; a key may appear only once in a mapping",
+        );
+    };
+    let at = match error.location() {
+        Some(l) if l.line() > 0 => format!("line {} column {}: ", l.line(), l.column()),
+        _ => String::new(),
+    };
+    let sentence = match breach {
+        BudgetBreach::Depth { .. } => format!(
+            "the YAML nests deeper than {YAML_MAX_DEPTH} levels, more than initium reads (as for JSON)"
+        ),
+        BudgetBreach::Documents { .. } => format!(
+            "the file has more than {YAML_MAX_DOCUMENTS} YAML documents; split it into several files"
+        ),
+        BudgetBreach::Events { .. } => "the YAML is too large once its aliases (*name) are expanded; write the repeated parts out or split the file".to_string(),
+        BudgetBreach::Nodes { .. } => format!(
+            "the YAML has more than {YAML_MAX_NODES} values once its aliases (*name) are expanded; write the repeated parts out or split the file"
+        ),
+        BudgetBreach::Aliases { .. }
+        | BudgetBreach::Anchors { .. }
+        | BudgetBreach::AliasAnchorRatio { .. }
+        | BudgetBreach::MergeKeys { .. } => {
+            "the YAML uses more anchors, aliases or merge keys than initium reads; write the repeated parts out".to_string()
+        }
+        _ => "the YAML is larger or more deeply built than initium reads; split the file or simplify it".to_string(),
+    };
+    format!("{at}{sentence}")
+}
+
 /// Parses the documents of one text: JSON when it starts with `{` or `[`, YAML otherwise.
 /// Empty documents are skipped; a `kind: List` is replaced by its items.
 pub fn parse_documents(origin: &str, text: &str) -> Result<Vec<Document>> {
@@ -124,9 +185,11 @@ pub fn parse_documents(origin: &str, text: &str) -> Result<Vec<Document>> {
         }
         values
     } else {
-        serde_saphyr::from_multiple::<Value>(text).map_err(|e| Error::Input {
-            origin: origin.to_string(),
-            message: format!("invalid YAML: {e}"),
+        serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options()).map_err(|e| {
+            Error::Input {
+                origin: origin.to_string(),
+                message: format!("invalid YAML: {}", yaml_error(&e)),
+            }
         })?
     };
     let many = values.len() > 1;
@@ -240,5 +303,44 @@ mod tests {
             err.contains("invalid JSON") || err.contains("nested deeper"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn yaml_limits_are_sentences_not_library_wording() {
+        let error = |text: &str| parse_documents("f.yaml", text).unwrap_err().to_string();
+        let deep = format!("a: {}1{}", "[".repeat(100), "]".repeat(100));
+        let e = error(&deep);
+        assert!(e.contains("nests deeper than 64 levels"), "{e}");
+        // 100,001 documents take a minute to read in a debug build: the breach is made here.
+        let many = yaml_error(&serde_saphyr::Error::Budget {
+            breach: serde_saphyr::budget::BudgetBreach::Documents { documents: 100_001 },
+            location: serde_saphyr::Location::UNKNOWN,
+        });
+        assert_eq!(
+            many,
+            "the file has more than 100000 YAML documents; split it into several files"
+        );
+        let mut laughs = vec!["a0: &a0 [x, x, x, x, x, x, x, x, x, x]".to_string()];
+        for i in 1..12 {
+            laughs.push(format!(
+                "a{i}: &a{i} [{}]",
+                vec![format!("*a{}", i - 1); 10].join(", ")
+            ));
+        }
+        let e = error(&laughs.join("\n"));
+        assert!(e.contains("once its aliases (*name) are expanded"), "{e}");
+        let e = error("a: 1\na: 2\n");
+        assert!(e.contains("a key may appear only once in a mapping"), "{e}");
+        for e in [
+            error(&deep),
+            many,
+            error(&laughs.join("\n")),
+            error("a: 1\na: 2\n"),
+        ] {
+            assert!(
+                !e.contains(" { ") && !e.contains("Options"),
+                "library wording in {e}"
+            );
+        }
     }
 }

@@ -192,7 +192,10 @@ fn check(args: CheckArgs, out: &mut dyn Write) -> Result<()> {
     let rules = load_rules(&args.rules, &args.namespace)?;
     let mut text = String::new();
     for rule in rules.index.rules() {
-        text.push_str(&format!("ok: {}\n", rule.id.describe()));
+        text.push_str(&format!(
+            "ok: {}\n",
+            crate::engine::sanitize(&rule.id.describe())
+        ));
     }
     text.push_str(&format!("{} rule(s) valid\n", rules.index.len()));
     out.write_all(text.as_bytes())
@@ -215,6 +218,7 @@ fn crd(args: CrdArgs, out: &mut dyn Write) -> Result<()> {
     }
 }
 
+/// A line on stderr; names and messages in it come from files, so it is escaped first.
 fn report(err: &mut dyn Write, line: &str) -> Result<()> {
-    writeln!(err, "{line}").map_err(|e| Error::Output(e.to_string()))
+    writeln!(err, "{}", crate::engine::sanitize(line)).map_err(|e| Error::Output(e.to_string()))
 }

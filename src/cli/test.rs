@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api::Operation;
+use crate::engine::sanitize;
 use crate::{Error, Result};
 
 use super::input::{Document, parse_documents, read_documents};
@@ -93,23 +94,33 @@ pub fn run(paths: &[PathBuf], out: &mut dyn Write) -> Result<()> {
     }
     let (mut passed, mut failed) = (0usize, 0usize);
     let mut report = String::new();
+    // Names, paths and messages come from the test files: escaped before they reach a terminal.
+    let clean = |text: &dyn std::fmt::Display| sanitize(&text.to_string()).into_owned();
     for file in &files {
         match run_file(file) {
             Err(e) => {
                 failed += 1;
-                report.push_str(&format!("FAIL {}: {e}\n", file.display()));
+                report.push_str(&format!("FAIL {}: {}\n", clean(&file.display()), clean(&e)));
             }
             Ok(results) => {
                 for (name, problems) in results {
                     if problems.is_empty() {
                         passed += 1;
-                        report.push_str(&format!("PASS {}: {name}\n", file.display()));
+                        report.push_str(&format!(
+                            "PASS {}: {}\n",
+                            clean(&file.display()),
+                            clean(&name)
+                        ));
                     } else {
                         failed += 1;
-                        report.push_str(&format!("FAIL {}: {name}\n", file.display()));
+                        report.push_str(&format!(
+                            "FAIL {}: {}\n",
+                            clean(&file.display()),
+                            clean(&name)
+                        ));
                         for p in problems {
                             for line in p.lines() {
-                                report.push_str(&format!("    {line}\n"));
+                                report.push_str(&format!("    {}\n", clean(&line)));
                             }
                         }
                     }

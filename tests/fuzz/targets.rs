@@ -835,7 +835,14 @@ fn run_cli(case: &Value) -> Result<(), String> {
             let list: Value = serde_json::from_str(&out)
                 .map_err(|e| format!("apply -o json: output is not JSON\n{e}"))?;
             let items = list["items"].as_array().cloned().unwrap_or_default();
-            // The YAML output must read back as the same objects.
+            // The YAML output must read back as the same objects, where the YAML reader's
+            // nesting limit allows (docs/reliability.md: deeper objects go as JSON).
+            if items
+                .iter()
+                .any(|item| nesting(item) + 2 > initium::cli::input::YAML_MAX_DEPTH)
+            {
+                return Ok(());
+            }
             let mut yaml_args = args.clone();
             if let Some(i) = yaml_args.iter().position(|a| a == "json") {
                 yaml_args[i] = "yaml".into();
@@ -905,4 +912,19 @@ fn run_selftest(case: &Value) -> Result<(), String> {
     }
     let _ = std::io::stderr().flush();
     Ok(())
+}
+
+/// How deep `value` nests (0 for a scalar), without recursion.
+fn nesting(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, depth)) = stack.pop() {
+        deepest = deepest.max(depth);
+        match v {
+            Value::Array(items) => stack.extend(items.iter().map(|i| (i, depth + 1))),
+            Value::Object(map) => stack.extend(map.values().map(|i| (i, depth + 1))),
+            _ => {}
+        }
+    }
+    deepest
 }
