@@ -338,13 +338,30 @@ pub struct Initium {
     pub webhook: SocketAddr,
     pub ops: SocketAddr,
     pub namespace: String,
+    /// Where its stderr goes.
+    pub log: PathBuf,
 }
 
 impl Initium {
+    /// Starts `initium serve` on free ports and waits (up to 180 s) until `/readyz` says ready.
     pub fn start(plane: &Plane, options: InitiumOptions) -> Result<Initium> {
-        plane.namespace(&options.namespace, &[])?;
         let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let ops: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let mut initium = Initium::spawn(plane, &options, webhook, ops)?;
+        initium.wait_ready(Duration::from_secs(180))?;
+        Ok(initium)
+    }
+
+    /// Starts `initium serve` with its webhook on `webhook` and its operations port on `ops`,
+    /// without waiting for it to be ready ([`wait_ready`](Self::wait_ready)); the fault tests
+    /// start a replica again on the ports it had, and watch what it does while starting.
+    pub fn spawn(
+        plane: &Plane,
+        options: &InitiumOptions,
+        webhook: SocketAddr,
+        ops: SocketAddr,
+    ) -> Result<Initium> {
+        plane.namespace(&options.namespace, &[])?;
         // For profiling: INITIUM_BENCH_BINARY runs another build (e.g. one with the system
         // allocator), INITIUM_BENCH_WRAPPER runs it under a tool (`heaptrack -o FILE`). The
         // memory figures are then those of the wrapper's process.
@@ -377,31 +394,49 @@ impl Initium {
             .env("MIMALLOC_ARENA_EAGER_COMMIT", "0")
             .stdout(Stdio::null())
             .stderr(
-                std::fs::File::create(&options.log)
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&options.log)
                     .with_context(|| format!("cannot write {}", options.log.display()))?,
             );
         let child = command.spawn().context("cannot start initium serve")?;
-        let mut initium = Initium {
+        Ok(Initium {
             child,
             webhook,
             ops,
-            namespace: options.namespace,
-        };
+            namespace: options.namespace.clone(),
+            log: options.log.clone(),
+        })
+    }
+
+    /// Waits until `/readyz` answers 200; fails if the process exits first.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         eventually(
-            Duration::from_secs(180),
+            timeout,
             Duration::from_millis(100),
             "initium /readyz",
             || {
-                if let Ok(Some(status)) = initium.child.try_wait() {
+                if let Some(status) = self.child.try_wait()? {
                     bail!(
                         "initium serve exited ({status}); see {}",
-                        options.log.display()
+                        self.log.display()
                     );
                 }
-                Ok((initium.get("/readyz").map(|(s, _)| s).unwrap_or(0) == 200).then_some(()))
+                Ok((self.get("/readyz").map(|(s, _)| s).unwrap_or(0) == 200).then_some(()))
             },
-        )?;
-        Ok(initium)
+        )
+    }
+
+    /// SIGKILL, as a crash or an OOM kill would end it, and reaps the process.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether the process is still running (not exited).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     pub fn pid(&self) -> u32 {
@@ -464,8 +499,12 @@ impl Drop for Initium {
     }
 }
 
-/// SIGTERM, up to 10 s to exit, then SIGKILL.
+/// SIGTERM, up to 10 s to exit, then SIGKILL. Nothing if it has exited (and been reaped)
+/// already: its pid may belong to another process by now.
 pub fn terminate(child: &mut Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();

@@ -1,0 +1,1432 @@
+//! Faults on the real control plane, and what must survive them (issue 15, items 6, 8, 9):
+//!
+//! - kube-apiserver restarted and etcd killed while rules change: the watches resume, the
+//!   compiled rules are the stored rules (seen in admission and in the Ready conditions), the
+//!   statuses catch up;
+//! - `initium serve` SIGKILLed during a stream of creates: no create waits past the webhook
+//!   timeout, no Pod a `Fail` rule matches is stored unmutated;
+//! - the Lease holder SIGKILLed while it writes 1,000 rule statuses: the other replica writes
+//!   them all, with the right `observedGeneration`;
+//! - the TLS Secret deleted, and the CA rotated before it expires: no admission fails, and the
+//!   published caBundle always trusts the certificate being served;
+//! - a rule updated over and over while Pods are created: every Pod is mutated by one version;
+//! - isolation: a MutationRule changes nothing outside its namespace, by any route;
+//! - soak: Pod creates and rule churn for a while, no error, RSS flat (`scripts/soak` runs the
+//!   long one; a one-minute run is a test here).
+//!
+//! The binary starts its own control plane (`scripts/control-plane up`, through the helpers
+//! of `benches/cluster/mod.rs`), because some tests restart its processes
+//! (`scripts/control-plane restart`); `INITIUM_TEST_KUBECONFIG` is not used. Rules and webhook
+//! configurations are cluster-wide, so the tests run one at a time (`serial`), each with its
+//! own namespaces, webhook configuration and Lease, and delete every rule before and after.
+
+#[path = "../benches/cluster/mod.rs"]
+mod cluster;
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use cluster::{Initium, InitiumOptions, Plane};
+use futures::{StreamExt, TryStreamExt};
+use initium::api::MutationRule;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, MutexGuard};
+
+/// The webhook timeout of `initium serve` with the default 200 ms budget (twice the budget,
+/// rounded up to a second: `webhook_timeout_seconds`).
+const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(1);
+/// What a create may take on top of the webhook timeout: the API server's and etcd's own work
+/// on a busy 2-core machine.
+const API_SLACK: Duration = Duration::from_secs(1);
+
+// ---------------------------------------------------------------------------------------------
+// The plane, the replicas, cleanup
+
+fn plane() -> &'static Plane {
+    static PLANE: OnceLock<Plane> = OnceLock::new();
+    PLANE.get_or_init(|| {
+        let plane = Plane::up("faults").unwrap_or_else(|e| panic!("{e:#}"));
+        plane.install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+        plane
+    })
+}
+
+/// The plane's directory, for `scripts/control-plane restart --dir`.
+fn plane_dir() -> PathBuf {
+    plane()
+        .kubeconfig
+        .parent()
+        .expect("the kubeconfig is in the plane's directory")
+        .to_path_buf()
+}
+
+/// `scripts/control-plane VERB --dir <plane> ARGS...`, blocking; panics unless it succeeds.
+fn control_plane(verb: &str, args: &[&str]) {
+    let started = Instant::now();
+    let out = Command::new(cluster::root().join("scripts/control-plane"))
+        .arg(verb)
+        .arg("--dir")
+        .arg(plane_dir())
+        .args(args)
+        .output()
+        .expect("run scripts/control-plane");
+    assert!(
+        out.status.success(),
+        "scripts/control-plane {verb} {args:?} failed\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "faults: control-plane {verb} {} took {:.1?}",
+        args.join(" "),
+        started.elapsed()
+    );
+}
+
+async fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::const_new(());
+    SERIAL.lock().await
+}
+
+async fn client() -> kube::Client {
+    let plane = plane();
+    plane.client().await.unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// Deletes every rule, and the webhook configurations of this test, when created and when
+/// dropped (also when the test fails). Declare it before the replicas: locals drop in reverse
+/// order, so the replicas stop first and cannot write the configurations again.
+struct Cleanup {
+    configurations: Vec<String>,
+}
+
+impl Cleanup {
+    fn new(configurations: &[&str]) -> Cleanup {
+        let cleanup = Cleanup {
+            configurations: configurations.iter().map(|s| s.to_string()).collect(),
+        };
+        cleanup.run();
+        cleanup
+    }
+
+    fn run(&self) {
+        let _ = plane()
+            .kubectl()
+            .args(["delete", "cmr", "--all", "--wait=true"])
+            .output();
+        // One DELETE of the collection per namespace (`kubectl delete --all` sends one request
+        // per rule: minutes for a thousand).
+        let namespaces = plane()
+            .kubectl()
+            .args([
+                "get",
+                "mr",
+                "--all-namespaces",
+                "-o",
+                "jsonpath={.items[*].metadata.namespace}",
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let namespaces: BTreeSet<&str> = namespaces.split_whitespace().collect();
+        for namespace in namespaces {
+            let _ = plane()
+                .kubectl()
+                .args([
+                    "delete",
+                    "--raw",
+                    &format!("/apis/initium.dev/v1alpha1/namespaces/{namespace}/mutationrules"),
+                ])
+                .output();
+        }
+        for name in &self.configurations {
+            for kind in [
+                "mutatingwebhookconfiguration",
+                "validatingwebhookconfiguration",
+            ] {
+                let _ = plane()
+                    .kubectl()
+                    .args(["delete", kind, name, "--ignore-not-found"])
+                    .output();
+            }
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.run();
+    }
+}
+
+/// Where a replica's log goes (kept after the test, for reading after a failure).
+fn log_path(name: &str) -> PathBuf {
+    let dir = option_env!("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    dir.join(format!("faults-{name}.log"))
+}
+
+/// Options for one `initium serve` replica: `name` is its webhook configurations' and
+/// Lease's name, `identity` its identity in the Lease.
+fn options(name: &str, namespace: &str, identity: &str) -> InitiumOptions {
+    InitiumOptions {
+        namespace: namespace.into(),
+        extra: [
+            "--webhook-name",
+            name,
+            "--lease-name",
+            name,
+            "--identity",
+            identity,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        cpus: None,
+        log: log_path(&format!("{name}-{identity}")),
+    }
+}
+
+/// Starts a replica and waits until it is ready.
+async fn start(name: &str, namespace: &str, identity: &str) -> Initium {
+    let options = options(name, namespace, identity);
+    tokio::task::spawn_blocking(move || {
+        Initium::start(plane(), options).unwrap_or_else(|e| panic!("{e:#}"))
+    })
+    .await
+    .expect("start initium")
+}
+
+fn free_addr() -> SocketAddr {
+    format!("127.0.0.1:{}", cluster::free_port().expect("a free port"))
+        .parse()
+        .expect("an address")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting, rules, Pods
+
+/// Calls `attempt` until it returns `Ok`, at most for `timeout`; the panic says what was
+/// awaited and what the last attempt saw.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("timed out after {timeout:?} waiting for {what}; last attempt: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+fn rule_body(namespace: &str, name: &str, spec: &Value) -> Value {
+    json!({
+        "apiVersion": "initium.dev/v1alpha1",
+        "kind": "MutationRule",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    })
+}
+
+/// Creates or changes a MutationRule (server-side apply).
+async fn apply_rule(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    spec: &Value,
+) -> Result<MutationRule, kube::Error> {
+    Api::<MutationRule>::namespaced(client.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::apply("initium-faults").force(),
+            &Patch::Apply(rule_body(namespace, name, spec)),
+        )
+        .await
+}
+
+/// A Pod rule that sets label `key` to `value`.
+fn label_rule(key: &str, value: &str) -> Value {
+    json!({
+        "match": {"kinds": ["Pod"]},
+        "mutations": [{"merge": {"metadata": {"labels": {key: value}}}}],
+    })
+}
+
+/// Whether a rule has `Ready=True` for its current generation.
+fn ready_for_generation(rule: &MutationRule) -> bool {
+    let Some(status) = &rule.status else {
+        return false;
+    };
+    let generation = rule.metadata.generation;
+    status.observed_generation == generation
+        && status.conditions.iter().any(|c| {
+            c.type_ == "Ready" && c.status == "True" && c.observed_generation == generation
+        })
+}
+
+/// Waits until the stored rules of `namespace` are exactly `names`, each `Ready=True` for its
+/// current generation.
+async fn wait_statuses(client: &kube::Client, namespace: &str, names: &[&str], timeout: Duration) {
+    let api = Api::<MutationRule>::namespaced(client.clone(), namespace);
+    let want: BTreeSet<String> = names.iter().map(|s| s.to_string()).collect();
+    eventually(
+        "every stored rule Ready for its generation",
+        timeout,
+        || {
+            let api = api.clone();
+            let want = want.clone();
+            async move {
+                let rules = api
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let stored: BTreeSet<String> = rules
+                    .items
+                    .iter()
+                    .filter_map(|r| r.metadata.name.clone())
+                    .collect();
+                if stored != want {
+                    return Err(format!("stored rules {stored:?}, expected {want:?}"));
+                }
+                let behind: Vec<String> = rules
+                    .items
+                    .iter()
+                    .filter(|r| !ready_for_generation(r))
+                    .map(|r| {
+                        format!(
+                            "{} (generation {:?}, status {:?})",
+                            r.metadata.name.as_deref().unwrap_or(""),
+                            r.metadata.generation,
+                            r.status
+                        )
+                    })
+                    .collect();
+                if behind.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("not Ready for their generation: {behind:?}"))
+                }
+            }
+        },
+    )
+    .await
+}
+
+fn pod(namespace: &str, name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1"}]},
+    }))
+    .expect("a Pod")
+}
+
+/// The labels a server-side dry-run create of a Pod in `namespace` comes out with.
+async fn dry_run_labels(
+    client: &kube::Client,
+    namespace: &str,
+) -> Result<BTreeMap<String, String>, String> {
+    let params = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let created = Api::<Pod>::namespaced(client.clone(), namespace)
+        .create(&params, &pod(namespace, &support::unique("probe")))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(created.metadata.labels.unwrap_or_default())
+}
+
+/// Labels starting with `prefix`.
+fn with_prefix(labels: &BTreeMap<String, String>, prefix: &str) -> BTreeMap<String, String> {
+    labels
+        .iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Waits until a dry-run Pod in `namespace` gets exactly the `rule-*` labels in `want`:
+/// the index holds exactly the stored rules, at their stored versions.
+async fn wait_admission(
+    client: &kube::Client,
+    namespace: &str,
+    want: &[(&str, &str)],
+    timeout: Duration,
+) {
+    let want: BTreeMap<String, String> = want
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    eventually(
+        "admission to apply exactly the stored rules",
+        timeout,
+        || {
+            let want = want.clone();
+            async move {
+                let labels = with_prefix(&dry_run_labels(client, namespace).await?, "rule-");
+                if labels == want {
+                    Ok(())
+                } else {
+                    Err(format!("a Pod gets {labels:?}, expected {want:?}"))
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Retries `f` (each attempt at most 5 s) until it succeeds: a change made while the API
+/// server or etcd is down goes through once they are back.
+async fn until_done<F, Fut, T>(what: String, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), f()).await {
+            Ok(Ok(value)) => return value,
+            Ok(Err(e)) => eprintln!("faults: {what}: {e} (retrying)"),
+            Err(_) => eprintln!("faults: {what}: no answer in 5 s (retrying)"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: still failing after 90 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6a. kube-apiserver and etcd restarted while rules change
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_changed_around_api_server_and_etcd_restarts_all_take_effect() {
+    let _serial = serial().await;
+    let name = support::unique("f-restart");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let team = support::namespace(&client, "team").await;
+    let mut initium = start(&name, &own, "one").await;
+
+    apply_rule(&client, &team, "a", &label_rule("rule-a", "1"))
+        .await
+        .expect("rule a");
+    apply_rule(&client, &team, "b", &label_rule("rule-b", "1"))
+        .await
+        .expect("rule b");
+    wait_statuses(&client, &team, &["a", "b"], Duration::from_secs(30)).await;
+    wait_admission(
+        &client,
+        &team,
+        &[("rule-a", "1"), ("rule-b", "1")],
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // kube-apiserver killed, down for 2 s: every watch breaks without a goodbye.
+    let started = Instant::now();
+    tokio::task::spawn_blocking(|| {
+        control_plane(
+            "restart",
+            &["--signal", "KILL", "--down-for", "2", "kube-apiserver"],
+        )
+    })
+    .await
+    .expect("restart kube-apiserver");
+    // Right after it is back, while initium's watches reconnect: change, delete, create.
+    apply_rule(&client, &team, "a", &label_rule("rule-a", "2"))
+        .await
+        .expect("change rule a after the restart");
+    Api::<MutationRule>::namespaced(client.clone(), &team)
+        .delete("b", &DeleteParams::default())
+        .await
+        .expect("delete rule b after the restart");
+    apply_rule(&client, &team, "c", &label_rule("rule-c", "1"))
+        .await
+        .expect("create rule c after the restart");
+    wait_statuses(&client, &team, &["a", "c"], Duration::from_secs(60)).await;
+    wait_admission(
+        &client,
+        &team,
+        &[("rule-a", "2"), ("rule-c", "1")],
+        Duration::from_secs(60),
+    )
+    .await;
+    eprintln!(
+        "faults: kube-apiserver restart: caught up {:.1?} after the stop",
+        started.elapsed()
+    );
+
+    // etcd killed (a crash), down for 3 s. The changes are sent while it is down and retried
+    // until the API server takes them.
+    let started = Instant::now();
+    tokio::task::spawn_blocking(|| control_plane("stop-component", &["--signal", "KILL", "etcd"]))
+        .await
+        .expect("kill etcd");
+    let changes = {
+        let client = client.clone();
+        let team = team.clone();
+        tokio::spawn(async move {
+            let (a3, d1) = (label_rule("rule-a", "3"), label_rule("rule-d", "1"));
+            until_done("change rule a while etcd is down".into(), || {
+                apply_rule(&client, &team, "a", &a3)
+            })
+            .await;
+            until_done("delete rule c while etcd is down".into(), || async {
+                match Api::<MutationRule>::namespaced(client.clone(), &team)
+                    .delete("c", &DeleteParams::default())
+                    .await
+                {
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            })
+            .await;
+            until_done("create rule d while etcd is down".into(), || {
+                apply_rule(&client, &team, "d", &d1)
+            })
+            .await;
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::task::spawn_blocking(|| control_plane("start-component", &["etcd"]))
+        .await
+        .expect("start etcd");
+    changes.await.expect("the changes went through");
+    wait_statuses(&client, &team, &["a", "d"], Duration::from_secs(60)).await;
+    wait_admission(
+        &client,
+        &team,
+        &[("rule-a", "3"), ("rule-d", "1")],
+        Duration::from_secs(60),
+    )
+    .await;
+    eprintln!(
+        "faults: etcd kill: caught up {:.1?} after the kill",
+        started.elapsed()
+    );
+
+    // And a change well after both restarts still takes effect: the watches are live, not
+    // merely resynced once.
+    apply_rule(&client, &team, "d", &label_rule("rule-d", "2"))
+        .await
+        .expect("change rule d");
+    wait_statuses(&client, &team, &["a", "d"], Duration::from_secs(30)).await;
+    wait_admission(
+        &client,
+        &team,
+        &[("rule-a", "3"), ("rule-d", "2")],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        initium.running(),
+        "initium serve exited; see {}",
+        initium.log.display()
+    );
+    assert_eq!(initium.get("/readyz").expect("GET /readyz").0, 200);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams of Pod creates
+
+/// What happened to one Pod create.
+#[derive(Clone, Debug)]
+struct Created {
+    name: String,
+    /// When the create was sent.
+    sent: Instant,
+    latency: Duration,
+    /// The stored Pod's labels, or the error.
+    outcome: Result<BTreeMap<String, String>, String>,
+}
+
+/// A stream of Pod creates: `workers` loops creating Pods named `<prefix>-<worker>-<n>` in a
+/// namespace until [`finish`](Self::finish), at most `limit` creates each and for at most
+/// `max_time`, with a short pause between creates.
+struct CreateStream {
+    stop: Arc<AtomicBool>,
+    results: Arc<std::sync::Mutex<Vec<Created>>>,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl CreateStream {
+    fn start(
+        client: &kube::Client,
+        namespace: &str,
+        prefix: &str,
+        workers: usize,
+        limit: usize,
+        max_time: Duration,
+    ) -> CreateStream {
+        let deadline = Instant::now() + max_time;
+        let stop = Arc::new(AtomicBool::new(false));
+        let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let workers = (0..workers)
+            .map(|worker| {
+                let api = Api::<Pod>::namespaced(client.clone(), namespace);
+                let (namespace, prefix) = (namespace.to_string(), prefix.to_string());
+                let (stop, results) = (stop.clone(), results.clone());
+                tokio::spawn(async move {
+                    for n in 0..limit {
+                        if stop.load(Ordering::Relaxed) || Instant::now() >= deadline {
+                            break;
+                        }
+                        let name = format!("{prefix}-{worker}-{n}");
+                        let sent = Instant::now();
+                        let outcome = api
+                            .create(&PostParams::default(), &pod(&namespace, &name))
+                            .await
+                            .map(|p| p.metadata.labels.unwrap_or_default())
+                            .map_err(|e| e.to_string());
+                        let latency = sent.elapsed();
+                        results
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(Created {
+                                name,
+                                sent,
+                                latency,
+                                outcome,
+                            });
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+            })
+            .collect();
+        CreateStream {
+            stop,
+            results,
+            workers,
+        }
+    }
+
+    /// What happened so far.
+    fn snapshot(&self) -> Vec<Created> {
+        self.results
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Creates that succeeded after `after`.
+    fn stored_after(&self, after: Instant) -> usize {
+        self.snapshot()
+            .iter()
+            .filter(|c| c.sent > after && c.outcome.is_ok())
+            .count()
+    }
+
+    /// Stops the workers; everything that happened.
+    async fn finish(mut self) -> Vec<Created> {
+        self.stop.store(true, Ordering::Relaxed);
+        for worker in std::mem::take(&mut self.workers) {
+            worker.await.expect("a create worker");
+        }
+        self.snapshot()
+    }
+}
+
+/// Nearest-rank quantile of latencies.
+fn quantile(latencies: &[Duration], q: f64) -> Duration {
+    let mut sorted = latencies.to_vec();
+    sorted.sort();
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// The MutatingWebhookConfiguration `name` as JSON (null if absent).
+async fn mutating_configuration(client: &kube::Client, name: &str) -> Value {
+    let configuration = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get_opt(name)
+        .await
+        .expect("get the MutatingWebhookConfiguration");
+    serde_json::to_value(configuration).expect("JSON")
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6b. serve SIGKILLed during a stream of creates
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_killed_during_creates_delays_none_and_stores_no_fail_pod_unmutated() {
+    let _serial = serial().await;
+    let name = support::unique("f-kill");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let team = support::namespace(&client, "strict").await;
+    let mut first = start(&name, &own, "replica").await;
+
+    let required = json!({
+        "failurePolicy": "Fail",
+        "match": {"kinds": ["Pod"]},
+        "mutations": [{"merge": {"metadata": {"labels": {"injected": "yes"}}}}],
+    });
+    apply_rule(&client, &team, "required", &required)
+        .await
+        .expect("the Fail rule");
+    wait_statuses(&client, &team, &["required"], Duration::from_secs(30)).await;
+    // The webhook for Fail rules rejects what initium cannot answer, within 1 s.
+    let configuration = eventually(
+        "a Fail webhook for Pods",
+        Duration::from_secs(30),
+        || async {
+            let configuration = mutating_configuration(&client, &name).await;
+            let fail = configuration["webhooks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|w| w["name"] == "fail.initium.dev")
+                .cloned()
+                .ok_or_else(|| format!("no fail.initium.dev in {configuration}"))?;
+            let covers_pods = fail["rules"].as_array().into_iter().flatten().any(|r| {
+                r["resources"]
+                    .as_array()
+                    .is_some_and(|r| r.contains(&json!("pods")))
+            });
+            if covers_pods {
+                Ok(fail)
+            } else {
+                Err(format!("fail.initium.dev does not cover pods: {fail}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(configuration["failurePolicy"], "Fail", "{configuration}");
+    assert_eq!(
+        configuration["timeoutSeconds"],
+        WEBHOOK_TIMEOUT.as_secs(),
+        "{configuration}"
+    );
+    wait_admission_label(&client, &team, "injected", "yes").await;
+
+    let stream = CreateStream::start(&client, &team, "stream", 3, 2_000, Duration::from_secs(150));
+    let began = Instant::now();
+    eventually("40 Pods created", Duration::from_secs(60), || async {
+        let n = stream.stored_after(began);
+        if n >= 40 { Ok(()) } else { Err(format!("{n}")) }
+    })
+    .await;
+    first.kill();
+    let killed = Instant::now();
+    eprintln!("faults: SIGKILLed initium serve");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Started again as a restarted container would be: the same identity, a new address.
+    let mut second = tokio::task::spawn_blocking({
+        let options = options(&name, &own, "replica");
+        move || {
+            let mut second = Initium::spawn(plane(), &options, free_addr(), free_addr())
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            second
+                .wait_ready(Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("{e:#}"));
+            second
+        }
+    })
+    .await
+    .expect("start the replica again");
+    let restarted = Instant::now();
+    eventually(
+        "20 Pods created after the restart",
+        Duration::from_secs(90),
+        || async {
+            let n = stream.stored_after(restarted);
+            if n >= 20 { Ok(()) } else { Err(format!("{n}")) }
+        },
+    )
+    .await;
+    let results = stream.finish().await;
+    let latencies: Vec<Duration> = results.iter().map(|c| c.latency).collect();
+    let rejected: Vec<&Created> = results.iter().filter(|c| c.outcome.is_err()).collect();
+    let stored: Vec<&Created> = results.iter().filter(|c| c.outcome.is_ok()).collect();
+    eprintln!(
+        "faults: {} creates ({} stored, {} rejected); latency p50 {:.0?} p99 {:.0?} max {:.0?}; \
+         rejected from {:.1?} to {:.1?} after the kill",
+        results.len(),
+        stored.len(),
+        rejected.len(),
+        quantile(&latencies, 0.5),
+        quantile(&latencies, 0.99),
+        quantile(&latencies, 1.0),
+        rejected
+            .iter()
+            .map(|c| c.sent.saturating_duration_since(killed))
+            .min()
+            .unwrap_or_default(),
+        rejected
+            .iter()
+            .map(|c| c.sent.saturating_duration_since(killed))
+            .max()
+            .unwrap_or_default(),
+    );
+    // No create waited past the webhook timeout (plus the API server's own work).
+    let slow: Vec<(&str, Duration)> = results
+        .iter()
+        .filter(|c| c.latency > WEBHOOK_TIMEOUT + API_SLACK)
+        .map(|c| (c.name.as_str(), c.latency))
+        .collect();
+    assert!(slow.is_empty(), "creates that waited too long: {slow:?}");
+    // The kill happened during the stream: some creates found no webhook and were rejected,
+    // by the Fail webhook, not admitted unmutated.
+    assert!(
+        !rejected.is_empty(),
+        "no create was rejected: the kill missed the stream"
+    );
+    for c in &rejected {
+        let message = c.outcome.as_ref().expect_err("rejected");
+        assert!(
+            message.contains("fail.initium.dev"),
+            "{} was rejected for another reason: {message}",
+            c.name
+        );
+    }
+    for c in &stored {
+        let labels = c.outcome.as_ref().expect("stored");
+        assert_eq!(
+            labels.get("injected").map(String::as_str),
+            Some("yes"),
+            "{} was stored unmutated: {labels:?}",
+            c.name
+        );
+    }
+    // And what etcd holds agrees: every Pod in the namespace carries the Fail rule's label.
+    let pods = Api::<Pod>::namespaced(client.clone(), &team)
+        .list(&ListParams::default())
+        .await
+        .expect("list Pods");
+    let unmutated: Vec<String> = pods
+        .items
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("injected"))
+                .is_none_or(|v| v != "yes")
+        })
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert!(unmutated.is_empty(), "stored unmutated: {unmutated:?}");
+    assert_eq!(pods.items.len(), stored.len(), "every stored Pod was seen");
+    assert!(second.running(), "see {}", second.log.display());
+}
+
+/// Waits until a dry-run Pod in `namespace` gets label `key` = `value`.
+async fn wait_admission_label(client: &kube::Client, namespace: &str, key: &str, value: &str) {
+    eventually(
+        &format!("dry-run Pods to get {key}={value}"),
+        Duration::from_secs(30),
+        || async {
+            let labels = dry_run_labels(client, namespace).await?;
+            if labels.get(key).map(String::as_str) == Some(value) {
+                Ok(())
+            } else {
+                Err(format!("{labels:?}"))
+            }
+        },
+    )
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6c. the Lease holder killed while writing 1,000 statuses
+
+/// The holder of Lease `name` in `namespace`.
+async fn lease_holder(client: &kube::Client, namespace: &str, name: &str) -> Option<String> {
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+/// Follows the rules of `namespace` with a watch; publishes how many are Ready for their
+/// generation.
+fn count_ready(client: &kube::Client, namespace: &str) -> tokio::sync::watch::Receiver<usize> {
+    use kube::runtime::{WatchStreamExt, watcher};
+    let (tx, rx) = tokio::sync::watch::channel(0);
+    let api = Api::<MutationRule>::namespaced(client.clone(), namespace);
+    tokio::spawn(async move {
+        let mut ready: HashMap<String, bool> = HashMap::new();
+        let mut events = std::pin::pin!(
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+        );
+        while let Some(rule) = events.next().await {
+            let Ok(rule) = rule else { continue };
+            ready.insert(
+                rule.metadata.name.clone().unwrap_or_default(),
+                ready_for_generation(&rule),
+            );
+            let count = ready.values().filter(|r| **r).count();
+            if tx.send(count).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_holder_killed_while_writing_a_thousand_statuses_loses_none() {
+    const RULES: usize = 1_000;
+    let _serial = serial().await;
+    let name = support::unique("f-lease");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let team = support::namespace(&client, "many").await;
+
+    // The rules are there before any replica runs, so the first leader has all 1,000
+    // statuses to write at once. Every third rule is at generation 2.
+    let started = Instant::now();
+    let rules: Vec<Value> = (0..RULES)
+        .map(|i| {
+            rule_body(
+                &team,
+                &format!("rule-{i:04}"),
+                &label_rule(&format!("rule-{i:04}"), "1"),
+            )
+        })
+        .collect();
+    cluster::create_rules(&client, &rules, 16)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let api = Api::<MutationRule>::namespaced(client.clone(), &team);
+    futures::stream::iter((0..RULES).step_by(3))
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.patch(
+                    &format!("rule-{i:04}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"priority": 50}})),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("raise the generation of every third rule");
+    eprintln!("faults: {RULES} rules stored in {:.1?}", started.elapsed());
+
+    let ready = count_ready(&client, &team);
+    let started = Instant::now();
+    let mut a = Initium::spawn(
+        plane(),
+        &options(&name, &own, "a"),
+        free_addr(),
+        free_addr(),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    eventually(
+        "replica a to hold the Lease",
+        Duration::from_secs(60),
+        || async {
+            match lease_holder(&client, &own, &name).await {
+                Some(holder) if holder == "a" => Ok(()),
+                other => Err(format!("holder {other:?}")),
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "faults: replica a holds the Lease {:.1?} after it started",
+        started.elapsed()
+    );
+    let mut b = Initium::spawn(
+        plane(),
+        &options(&name, &own, "b"),
+        free_addr(),
+        free_addr(),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut watching = ready.clone();
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        watching.wait_for(|count| *count >= 20),
+    )
+    .await
+    .expect("replica a to write 20 statuses within 120 s")
+    .expect("the status watch");
+    a.kill();
+    let killed = Instant::now();
+    eprintln!(
+        "faults: killing replica a {:.1?} after it started",
+        started.elapsed()
+    );
+    let at_kill = *ready.borrow();
+    // Writes a had sent may still land; after that, nobody writes until b leads.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let left_by_a = *ready.borrow();
+    eprintln!(
+        "faults: killed the leader with {at_kill} statuses written ({left_by_a} a second later)"
+    );
+    assert!(
+        left_by_a < RULES,
+        "the leader wrote all {RULES} statuses before it was killed: nothing was left to take over"
+    );
+    eventually(
+        "replica b to take the Lease",
+        Duration::from_secs(60),
+        || async {
+            match lease_holder(&client, &own, &name).await {
+                Some(holder) if holder == "b" => Ok(()),
+                other => Err(format!("holder {other:?}")),
+            }
+        },
+    )
+    .await;
+    let took_over = killed.elapsed();
+    let mut watching = ready.clone();
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        watching.wait_for(|count| *count >= RULES),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "all {RULES} statuses within 120 s of the takeover; {} are",
+            *ready.borrow()
+        )
+    })
+    .expect("the status watch");
+    eprintln!(
+        "faults: b took the Lease {took_over:.1?} after the kill and finished the statuses {:.1?} after it",
+        killed.elapsed()
+    );
+    // The same, read back: every rule Ready for its own generation.
+    let names: Vec<String> = (0..RULES).map(|i| format!("rule-{i:04}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_statuses(&client, &team, &names, Duration::from_secs(10)).await;
+    let stored = api.list(&ListParams::default()).await.expect("list rules");
+    let second_generation = stored
+        .items
+        .iter()
+        .filter(|r| r.metadata.generation == Some(2))
+        .count();
+    assert_eq!(
+        second_generation,
+        RULES.div_ceil(3),
+        "rules at generation 2"
+    );
+    assert!(b.running(), "see {}", b.log.display());
+    b.wait_ready(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6e. rule churn under load
+
+/// Version `version` of a rule that writes it twice, in two mutations: a Pod mutated by
+/// pieces of two versions would carry two different values.
+fn versioned_rule(version: u32) -> Value {
+    json!({
+        "match": {"kinds": ["Pod"]},
+        "mutations": [
+            {"merge": {"metadata": {"labels": {"version-a": version.to_string()}}}},
+            {"patch": [{"op": "add", "path": "/metadata/labels/version-b", "value": version.to_string()}]},
+        ],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pod_is_mutated_by_one_version_of_a_rule_that_keeps_changing() {
+    const VERSIONS: u32 = 40;
+    let _serial = serial().await;
+    let name = support::unique("f-churn");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let team = support::namespace(&client, "churn").await;
+    let mut initium = start(&name, &own, "one").await;
+    apply_rule(&client, &team, "versioned", &versioned_rule(0))
+        .await
+        .expect("version 0");
+    wait_statuses(&client, &team, &["versioned"], Duration::from_secs(30)).await;
+    wait_admission_label(&client, &team, "version-b", "0").await;
+
+    let stream = CreateStream::start(&client, &team, "churn", 2, 1_000, Duration::from_secs(60));
+    let started = Instant::now();
+    for version in 1..=VERSIONS {
+        apply_rule(&client, &team, "versioned", &versioned_rule(version))
+            .await
+            .unwrap_or_else(|e| panic!("version {version}: {e}"));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // The last version reaches admission, then the creates stop.
+    wait_admission_label(&client, &team, "version-b", &VERSIONS.to_string()).await;
+    let results = stream.finish().await;
+    let mut versions = BTreeSet::new();
+    for c in &results {
+        let labels = c
+            .outcome
+            .as_ref()
+            .unwrap_or_else(|e| panic!("{} was not created: {e}", c.name));
+        let (a, b) = (labels.get("version-a"), labels.get("version-b"));
+        assert!(
+            a.is_some() && a == b,
+            "{} was mutated by more than one version (or none): {labels:?}",
+            c.name
+        );
+        versions.insert(a.cloned().unwrap_or_default().parse::<u32>().unwrap_or(0));
+    }
+    eprintln!(
+        "faults: {} Pods created in {:.1?} while the rule changed {VERSIONS} times; they saw {} versions",
+        results.len(),
+        started.elapsed(),
+        versions.len()
+    );
+    assert!(
+        versions.len() >= 5,
+        "the churn should be visible: Pods saw only versions {versions:?}"
+    );
+    assert!(initium.running(), "see {}", initium.log.display());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. isolation: a MutationRule changes nothing outside its namespace
+
+/// POSTs an AdmissionReview straight to a replica's `/mutate` (its certificate is from its
+/// own CA, hence `-k`) and returns the response.
+fn post_review(webhook: SocketAddr, review: &Value) -> Value {
+    use std::io::Write;
+    let mut child = Command::new("curl")
+        .args([
+            "-sk",
+            "--max-time",
+            "5",
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            "@-",
+        ])
+        .arg(format!("https://{webhook}/mutate"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("curl runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(review.to_string().as_bytes())
+        .expect("write the review");
+    let out = child.wait_with_output().expect("curl finishes");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// An AdmissionReview for creating `object` (its kind's group/version/resource given).
+fn review_of(object: &Value, group: &str, version: &str, resource: &str) -> Value {
+    let mut request = json!({
+        "uid": "5a1e8c1e-0000-4000-8000-000000000001",
+        "kind": {"group": group, "version": version, "kind": object["kind"]},
+        "resource": {"group": group, "version": version, "resource": resource},
+        "name": object["metadata"]["name"],
+        "operation": "CREATE",
+        "userInfo": {"username": "faults"},
+        "object": object,
+        "dryRun": false,
+    });
+    if let Some(namespace) = object["metadata"]["namespace"].as_str() {
+        request["namespace"] = json!(namespace);
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+}
+
+/// The JSON patch in a review response, decoded (empty if none).
+fn patch_of(response: &Value) -> Vec<Value> {
+    use base64::Engine as _;
+    let Some(patch) = response["response"]["patch"].as_str() else {
+        return Vec::new();
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(patch)
+        .expect("base64 patch");
+    serde_json::from_slice(&bytes).expect("a JSON patch")
+}
+
+/// Creates `object` (kubectl, so any kind), returning what was stored, or the error.
+fn kubectl_create(object: &Value) -> Result<Value, String> {
+    use std::io::Write;
+    let mut child = plane()
+        .kubectl()
+        .args(["create", "-o", "json", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(object.to_string().as_bytes())
+        .expect("write the object");
+    let out = child.wait_with_output().expect("kubectl finishes");
+    if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).expect("JSON"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Whether `kubectl get KIND NAME [-n NAMESPACE]` finds something.
+fn exists(kind: &str, name: &str, namespace: Option<&str>) -> bool {
+    let mut command = plane().kubectl();
+    command.args(["get", kind, name, "--ignore-not-found", "-o", "name"]);
+    if let Some(namespace) = namespace {
+        command.args(["-n", namespace]);
+    }
+    let out = command.output().expect("kubectl runs");
+    !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+}
+
+fn pod_json(namespace: &str, name: &str) -> Value {
+    serde_json::to_value(pod(namespace, name)).expect("JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutation_rule_changes_nothing_outside_its_namespace() {
+    let _serial = serial().await;
+    let name = support::unique("f-isolation");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let tenant = support::namespace(&client, "tenant").await;
+    let other = support::namespace(&client, "other").await;
+    let mut initium = start(&name, &own, "one").await;
+
+    // Every kind, every name: the widest a MutationRule can match.
+    let wide = json!({
+        "match": {"kinds": ["*"], "names": ["*"]},
+        "mutations": [{"merge": {"metadata": {"labels": {"isolation": "tenant"}}}}],
+    });
+    apply_rule(&client, &tenant, "wide", &wide)
+        .await
+        .expect("the wide rule");
+    // Rules that try to move or rename what they mutate.
+    let movers = [
+        (
+            "mover",
+            "move-*",
+            json!([{"patch": [{"op": "replace", "path": "/metadata/namespace", "value": other}]}]),
+        ),
+        (
+            "renamer",
+            "rename-*",
+            json!([{"patch": [{"op": "replace", "path": "/metadata/name", "value": "renamed"}]}]),
+        ),
+        (
+            "merge-mover",
+            "mergens-*",
+            json!([{"merge": {"metadata": {"namespace": other, "name": "merged"}}}]),
+        ),
+        (
+            "remover",
+            "remove-*",
+            json!([{"patch": [{"op": "remove", "path": "/metadata/namespace"}]}]),
+        ),
+    ];
+    for (rule, names, mutations) in &movers {
+        let spec = json!({"match": {"kinds": ["Pod"], "names": [names]}, "mutations": mutations});
+        apply_rule(&client, &tenant, rule, &spec)
+            .await
+            .unwrap_or_else(|e| panic!("rule {rule}: {e}"));
+    }
+    // Rules that try to reach other namespaces or cluster-scoped kinds. Each must be refused
+    // at apply, or stored but never Ready.
+    let reaching = [
+        (
+            "namespaces",
+            json!({"kinds": ["Pod"], "namespaces": [other]}),
+        ),
+        (
+            "selector",
+            json!({"kinds": ["Pod"], "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": other}}}),
+        ),
+        ("namespace-kind", json!({"kinds": ["Namespace"]})),
+        (
+            "clusterrole-kind",
+            json!({"kinds": ["rbac.authorization.k8s.io/v1/ClusterRole"]}),
+        ),
+    ];
+    let mut refused = Vec::new();
+    for (rule, matcher) in &reaching {
+        let spec = json!({
+            "match": matcher,
+            "mutations": [{"merge": {"metadata": {"labels": {"reached": *rule}}}}],
+        });
+        match apply_rule(&client, &tenant, rule, &spec).await {
+            Ok(_) => {}
+            Err(e) => refused.push(format!("{rule}: {e}")),
+        }
+    }
+    eprintln!("faults: refused at apply: {refused:#?}");
+
+    // Positive control: the tenant's own Pods are mutated.
+    wait_admission_label(&client, &tenant, "isolation", "tenant").await;
+    let rules = Api::<MutationRule>::namespaced(client.clone(), &tenant)
+        .list(&ListParams::default())
+        .await
+        .expect("list rules");
+    for rule in &rules.items {
+        let rule_name = rule.metadata.name.as_deref().unwrap_or_default();
+        if reaching.iter().any(|(r, _)| *r == rule_name) {
+            // Give the status a moment; it must not say Ready.
+            let status = eventually("a status", Duration::from_secs(30), || async {
+                let rule = Api::<MutationRule>::namespaced(client.clone(), &tenant)
+                    .get(rule_name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                rule.status.ok_or_else(|| "no status yet".to_string())
+            })
+            .await;
+            assert!(
+                !status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True"),
+                "{rule_name} reaches outside its namespace and is Ready: {status:?}"
+            );
+        }
+    }
+
+    // Through the API server: nothing outside the tenant's namespace is touched.
+    let label_of = |object: &Value, key: &str| object["metadata"]["labels"][key].clone();
+    let outside = [
+        pod_json(&other, "victim"),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "victim", "namespace": other}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": support::unique("victim")}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": support::unique("victim")}, "rules": []}),
+    ];
+    for object in &outside {
+        let stored = kubectl_create(object).unwrap_or_else(|e| panic!("create {object}: {e}"));
+        for key in ["isolation", "reached"] {
+            assert_eq!(
+                label_of(&stored, key),
+                Value::Null,
+                "a tenant rule mutated {}: {stored}",
+                object["kind"]
+            );
+        }
+        assert_eq!(
+            stored["metadata"]["annotations"]["initium.dev/mutated-by"],
+            Value::Null,
+            "{stored}"
+        );
+    }
+    // The movers: whatever the API server answers, nothing lands elsewhere or renamed.
+    for (prefix, what) in [
+        ("move-1", "moved"),
+        ("rename-1", "renamed"),
+        ("mergens-1", "moved and renamed"),
+        ("remove-1", "moved"),
+    ] {
+        let outcome = kubectl_create(&pod_json(&tenant, prefix));
+        eprintln!(
+            "faults: {prefix}: {}",
+            match &outcome {
+                Ok(p) => format!(
+                    "stored as {}/{}",
+                    p["metadata"]["namespace"], p["metadata"]["name"]
+                ),
+                Err(e) => format!("refused: {}", e.trim()),
+            }
+        );
+        if let Ok(stored) = &outcome {
+            assert_eq!(
+                stored["metadata"]["namespace"],
+                json!(tenant),
+                "{what}: {stored}"
+            );
+            assert_eq!(
+                stored["metadata"]["name"],
+                json!(prefix),
+                "{what}: {stored}"
+            );
+        }
+        for namespace in [&tenant, &other] {
+            for renamed in ["renamed", "merged"] {
+                assert!(
+                    !exists("pod", renamed, Some(namespace)),
+                    "{prefix} became {namespace}/{renamed}"
+                );
+            }
+        }
+        assert!(
+            !exists("pod", prefix, Some(&other)),
+            "{prefix} moved to {other}"
+        );
+    }
+
+    // Straight to the webhook, as anyone who can reach the port: reviews for objects outside
+    // the tenant's namespace get no patch from the tenant's rules.
+    let positive = post_review(
+        initium.webhook,
+        &review_of(&pod_json(&tenant, "p"), "", "v1", "pods"),
+    );
+    assert!(
+        !patch_of(&positive).is_empty(),
+        "the tenant's own Pod is mutated: {positive}"
+    );
+    for (object, group, version, resource) in [
+        (pod_json(&other, "p"), "", "v1", "pods"),
+        (
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": other}}),
+            "",
+            "v1",
+            "configmaps",
+        ),
+        (
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "n"}}),
+            "",
+            "v1",
+            "namespaces",
+        ),
+        (
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "r"}, "rules": []}),
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterroles",
+        ),
+    ] {
+        let response = post_review(
+            initium.webhook,
+            &review_of(&object, group, version, resource),
+        );
+        assert_eq!(response["response"]["allowed"], true, "{response}");
+        assert!(
+            patch_of(&response).is_empty(),
+            "a tenant rule patched {} {}: {:?}",
+            object["kind"],
+            object["metadata"],
+            patch_of(&response)
+        );
+    }
+    assert!(initium.running(), "see {}", initium.log.display());
+}
