@@ -157,13 +157,15 @@ impl Plane {
                 Duration::from_millis(100),
                 &format!("CRD {crd} to be Established"),
                 || {
+                    // A filter on conditions that are not there yet is an error: not yet.
                     let status = run(self.kubectl().args([
                         "get",
                         "crd",
                         crd,
                         "-o",
                         "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
-                    ]))?;
+                    ]))
+                    .unwrap_or_default();
                     Ok((status.trim() == "True").then_some(()))
                 },
             )?;
