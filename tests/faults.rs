@@ -1835,3 +1835,347 @@ async fn rotating_the_ca_before_expiry_fails_no_admission() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// 9. soak: Pod creates and rule churn against `initium serve`
+
+/// How long and how hard to soak.
+struct Soak {
+    duration: Duration,
+    /// p99 server time is reported per window.
+    window: Duration,
+    /// Pod creates per second (at most 4 in flight).
+    rate: u32,
+}
+
+impl Soak {
+    /// From `INITIUM_SOAK_MINUTES` (default 30), `INITIUM_SOAK_WINDOW_MINUTES` (5) and
+    /// `INITIUM_SOAK_RATE` (10 Pods/s): what `scripts/soak` sets.
+    fn from_env() -> Soak {
+        let number = |name: &str, default: f64| -> f64 {
+            std::env::var(name)
+                .ok()
+                .map(|v| {
+                    v.parse()
+                        .unwrap_or_else(|_| panic!("{name} must be a number, not {v:?}"))
+                })
+                .unwrap_or(default)
+        };
+        Soak {
+            duration: Duration::from_secs_f64(number("INITIUM_SOAK_MINUTES", 30.0) * 60.0),
+            window: Duration::from_secs_f64(number("INITIUM_SOAK_WINDOW_MINUTES", 5.0) * 60.0),
+            rate: number("INITIUM_SOAK_RATE", 10.0) as u32,
+        }
+    }
+}
+
+/// Cumulative counts of `initium_admission_duration_seconds`, summed over label sets, by
+/// bucket bound (seconds; `+Inf` as infinity), ascending.
+fn admission_buckets(exposition: &str) -> Vec<(f64, f64)> {
+    let mut buckets: BTreeMap<u64, f64> = BTreeMap::new();
+    for line in exposition.lines() {
+        let Some(rest) = line.strip_prefix("initium_admission_duration_seconds_bucket{") else {
+            continue;
+        };
+        let Some(le) = rest.split("le=\"").nth(1).and_then(|v| v.split('"').next()) else {
+            continue;
+        };
+        let le: f64 = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().unwrap_or(f64::INFINITY)
+        };
+        let count: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *buckets.entry(le.to_bits()).or_default() += count;
+    }
+    let mut buckets: Vec<(f64, f64)> = buckets
+        .into_iter()
+        .map(|(le, count)| (f64::from_bits(le), count))
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// The p99 of what was observed between two readings of the histogram: the upper bound (ms)
+/// of the bucket holding the 99th percentile, and how many requests there were.
+fn window_p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> (f64, f64) {
+    let count_before = |le: f64| {
+        before
+            .iter()
+            .find(|(b, _)| *b == le)
+            .map_or(0.0, |(_, c)| *c)
+    };
+    let deltas: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, c)| (*le, c - count_before(*le)))
+        .collect();
+    let total = deltas.last().map_or(0.0, |(_, c)| *c);
+    let p99 = deltas
+        .iter()
+        .find(|(_, c)| *c >= 0.99 * total)
+        .map_or(0.0, |(le, _)| le * 1000.0);
+    (p99, total)
+}
+
+fn median(values: &[u64]) -> u64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0)
+}
+
+/// Runs the soak; panics (the test fails, `scripts/soak` exits non-zero) on any error or if
+/// RSS grows more than 10% after warm-up. Prints a summary and, last, one JSON line.
+async fn soak(settings: Soak) {
+    let name = support::unique("f-soak");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let team = support::namespace(&client, "soak").await;
+    let mut initium = start(&name, &own, "one").await;
+
+    // 40 rules that never match, one that always does, and one that changes every 2 s.
+    let mut rules: Vec<Value> = (0..40)
+        .map(|i| {
+            rule_body(
+                &team,
+                &format!("idle-{i:02}"),
+                &json!({
+                    "match": {"kinds": ["Pod"], "labels": {"matchLabels": {"never": format!("{i}")}}},
+                    "mutations": [{"merge": {"metadata": {"labels": {"idle": format!("{i}")}}}}],
+                }),
+            )
+        })
+        .collect();
+    rules.push(rule_body(&team, "static", &label_rule("static", "yes")));
+    cluster::create_rules(&client, &rules, 8)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    apply_rule(&client, &team, "versioned", &versioned_rule(0))
+        .await
+        .expect("the versioned rule");
+    wait_admission_label(&client, &team, "version-b", "0").await;
+    wait_admission_label(&client, &team, "static", "yes").await;
+
+    let started = Instant::now();
+    let end = started + settings.duration;
+    let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let creates = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let error = {
+        let errors = errors.clone();
+        move |e: String| {
+            eprintln!("soak: error: {e}");
+            errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+        }
+    };
+
+    // Rule churn: a new version every 2 s.
+    let churn = tokio::spawn({
+        let (client, team, error) = (client.clone(), team.clone(), error.clone());
+        async move {
+            let mut version = 0;
+            while Instant::now() + Duration::from_secs(2) < end {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                version += 1;
+                if let Err(e) =
+                    apply_rule(&client, &team, "versioned", &versioned_rule(version)).await
+                {
+                    error(format!("update the rule to version {version}: {e}"));
+                }
+            }
+            version
+        }
+    });
+    // Creates at `rate` per second, at most 4 in flight; each Pod must carry one version
+    // twice and the static rule's label.
+    let creator = tokio::spawn({
+        let (client, team, error, creates) =
+            (client.clone(), team.clone(), error.clone(), creates.clone());
+        let rate = settings.rate.max(1);
+        async move {
+            let api = Api::<Pod>::namespaced(client, &team);
+            let permits = Arc::new(tokio::sync::Semaphore::new(4));
+            let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+            let mut n = 0u64;
+            let mut last_cleanup = Instant::now();
+            while Instant::now() < end {
+                tick.tick().await;
+                if last_cleanup.elapsed() > Duration::from_secs(20) {
+                    // Keep the store small: no kubelet, so Pods go at once.
+                    if let Err(e) = api
+                        .delete_collection(&DeleteParams::default(), &ListParams::default())
+                        .await
+                    {
+                        error(format!("delete Pods: {e}"));
+                    }
+                    last_cleanup = Instant::now();
+                }
+                let permit = permits.clone().acquire_owned().await.expect("a permit");
+                n += 1;
+                let (api, error, creates, name) = (
+                    api.clone(),
+                    error.clone(),
+                    creates.clone(),
+                    format!("soak-{n}"),
+                );
+                let team = team.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    match api.create(&PostParams::default(), &pod(&team, &name)).await {
+                        Ok(created) => {
+                            let labels = created.metadata.labels.unwrap_or_default();
+                            let (a, b) = (labels.get("version-a"), labels.get("version-b"));
+                            if a.is_none()
+                                || a != b
+                                || labels.get("static").map(String::as_str) != Some("yes")
+                            {
+                                error(format!("{name} was mutated wrongly: {labels:?}"));
+                            }
+                        }
+                        Err(e) => error(format!("create {name}: {e}")),
+                    }
+                    creates.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            let _ = permits.acquire_many(4).await;
+        }
+    });
+
+    // Every 5 s: RSS and the histogram; a p99 per window.
+    let pid = initium.pid();
+    let mut rss: Vec<(Duration, u64)> = Vec::new();
+    let mut windows: Vec<Value> = Vec::new();
+    let read_buckets = |initium: &Initium| {
+        admission_buckets(
+            &initium
+                .get("/metrics")
+                .map(|(_, body)| body)
+                .unwrap_or_default(),
+        )
+    };
+    let mut window_start = (Instant::now(), read_buckets(&initium));
+    while Instant::now() < end {
+        tokio::time::sleep(
+            Duration::from_secs(5).min(end.saturating_duration_since(Instant::now())),
+        )
+        .await;
+        if !initium.running() {
+            error(format!(
+                "initium serve exited; see {}",
+                initium.log.display()
+            ));
+            break;
+        }
+        let memory = cluster::memory(pid).unwrap_or_default();
+        rss.push((started.elapsed(), memory.rss_kib));
+        if window_start.0.elapsed() >= settings.window || Instant::now() >= end {
+            let buckets = read_buckets(&initium);
+            let (p99, requests) = window_p99(&window_start.1, &buckets);
+            let from = window_start.0.duration_since(started);
+            eprintln!(
+                "soak: {:>5.0}-{:>5.0} s: {requests} admissions, p99 server time <= {p99} ms, RSS {:.1} MiB, {} errors so far",
+                from.as_secs_f64(),
+                started.elapsed().as_secs_f64(),
+                cluster::mib(memory.rss_kib),
+                errors.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            );
+            windows.push(json!({
+                "from_s": from.as_secs(),
+                "to_s": started.elapsed().as_secs(),
+                "admissions": requests,
+                "p99_ms_at_most": p99,
+            }));
+            window_start = (Instant::now(), buckets);
+        }
+    }
+    creator.await.expect("the creator");
+    let versions = churn.await.expect("the churn");
+    let errors = errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
+
+    // RSS: the median of the fifth after warm-up against the median of the last fifth.
+    let total = settings.duration;
+    let warm_up = settings.window.min(total / 5);
+    let in_range = |from: Duration, to: Duration| -> Vec<u64> {
+        rss.iter()
+            .filter(|(t, _)| *t >= from && *t <= to)
+            .map(|(_, kib)| *kib)
+            .collect()
+    };
+    let baseline = median(&in_range(warm_up, warm_up + total / 5));
+    let last = median(&in_range(
+        total - total / 5,
+        total + Duration::from_secs(10),
+    ));
+    let peak = rss
+        .iter()
+        .filter(|(t, _)| *t >= warm_up)
+        .map(|(_, kib)| *kib)
+        .max()
+        .unwrap_or(0);
+    let growth = if baseline == 0 {
+        0.0
+    } else {
+        last as f64 / baseline as f64 - 1.0
+    };
+    let creates = creates.load(Ordering::Relaxed);
+    eprintln!(
+        "soak: {:.1} min, {creates} Pods created, {versions} rule versions, {} errors; RSS after warm-up {:.1} MiB -> {:.1} MiB ({:+.1}%), peak {:.1} MiB",
+        total.as_secs_f64() / 60.0,
+        errors.len(),
+        cluster::mib(baseline),
+        cluster::mib(last),
+        growth * 100.0,
+        cluster::mib(peak),
+    );
+    println!(
+        "{}",
+        json!({
+            "soak_minutes": total.as_secs_f64() / 60.0,
+            "rate_per_s": settings.rate,
+            "creates": creates,
+            "rule_versions": versions,
+            "errors": errors.len(),
+            "rss_mib_after_warm_up": cluster::round(cluster::mib(baseline), 1),
+            "rss_mib_last": cluster::round(cluster::mib(last), 1),
+            "rss_mib_peak": cluster::round(cluster::mib(peak), 1),
+            "rss_growth_percent": cluster::round(growth * 100.0, 1),
+            "windows": windows,
+        })
+    );
+    assert!(
+        errors.is_empty(),
+        "{} errors, the first: {:?}",
+        errors.len(),
+        errors.first()
+    );
+    assert!(creates > 0, "no Pod was created");
+    assert!(
+        growth <= 0.10,
+        "RSS grew {:.1}% after warm-up ({:.1} -> {:.1} MiB)",
+        growth * 100.0,
+        cluster::mib(baseline),
+        cluster::mib(last)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_for_a_minute() {
+    let _serial = serial().await;
+    soak(Soak {
+        duration: Duration::from_secs(60),
+        window: Duration::from_secs(20),
+        rate: 10,
+    })
+    .await;
+}
+
+/// The long soak: `scripts/soak [--minutes N]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: run by scripts/soak"]
+async fn soak_from_env() {
+    let _serial = serial().await;
+    soak(Soak::from_env()).await;
+}
