@@ -41,10 +41,10 @@ pub const MAX_RULE_REGEXES: usize = 32;
 
 /// Compiled size of all of one rule's regular expressions together; each gets an equal share,
 /// at most [`MAX_REGEX_BYTES`].
-pub const RULE_REGEX_BYTES: usize = 1 << 20;
+pub const RULE_REGEX_BYTES: usize = 4 << 20;
 
 /// Compiled size of one regular expression.
-pub const MAX_REGEX_BYTES: usize = 256 * 1024;
+pub const MAX_REGEX_BYTES: usize = 1 << 20;
 
 /// Bounds on what rules may do to one object. The defaults suit `initium serve`; the flags
 /// of `initium serve` change them (see docs/reliability.md).
