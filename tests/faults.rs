@@ -1686,7 +1686,6 @@ where
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: when the TLS Secret is deleted, the leader makes a new CA and serves a certificate from it at once, before any API server can have read the new caBundle (src/controller/certs.rs refresh_secret -> load_or_create, then keep() reloads and publishes together)"]
 async fn deleting_the_tls_secret_fails_no_admission() {
     let _serial = serial().await;
     admissions_through("TLS Secret deleted", |client, secrets, port, name| async move {

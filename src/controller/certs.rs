@@ -9,7 +9,10 @@
 //!   (valid 1 year) after two thirds of its life or when the names it needs change; the CA
 //!   (valid 10 years) after two thirds of its life, in two steps so no request fails: first
 //!   the new CA joins the caBundle, ten minutes later it starts signing. Every replica reads
-//!   the Secret again every `refresh_interval` and reloads what changed.
+//!   the Secret again every `refresh_interval` and reloads what changed. A Secret deleted
+//!   (or made unusable) while initium runs is written again by the Lease holder from the
+//!   certificates it serves, so the CA the API servers trust stays the same; the other
+//!   replicas keep serving what they have meanwhile.
 //! - **Files** (`--tls-cert-file`, `--tls-key-file`, e.g. mounted from a cert-manager
 //!   Secret): read at start, polled every `refresh_interval` and reloaded when their content
 //!   changes. The caBundle comes from a CA file, is the serving certificate itself, or is left
@@ -664,7 +667,7 @@ pub(crate) async fn keep(
                 names,
                 current,
                 ..
-            } => match refresh_secret(api, name, names, leading, origin).await {
+            } => match refresh_secret(api, name, names, leading, current, origin).await {
                 Ok(Some(material)) if material != *current => {
                     match server_config(
                         material.serving_cert.as_bytes(),
@@ -699,28 +702,59 @@ pub(crate) async fn keep(
     }
 }
 
-/// Reads the Secret; while leading, renews what is due (or recreates a missing or unusable
-/// Secret). Returns the material now in the Secret, if usable.
+/// Reads the Secret; while leading, renews what is due, and writes a missing or unusable
+/// Secret again from `current`, the material this replica serves and publishes now. Returns
+/// the material now in the Secret, if usable (`None`: keep `current`).
+///
+/// A lost Secret never makes a new CA here: `current` is what every API server trusts, so
+/// writing it back changes nothing for them. Should `current` be due for a new CA (even
+/// expired), the renewal below stages it like any rotation: the new CA joins the caBundle
+/// first and signs only [`CA_PROPAGATION`] later. A replica that does not lead never writes
+/// the Secret; it keeps serving `current` until the leader has written it again.
 async fn refresh_secret(
     api: &Api<Secret>,
     name: &str,
     names: &[String],
     leading: bool,
+    current: &Material,
     origin: &str,
 ) -> Result<Option<Material>, ControllerError> {
     let secret = api
         .get_opt(name)
         .await
         .map_err(|e| ControllerError::api("get", origin, e))?;
-    let material = match secret.as_ref().map(Material::from_secret) {
-        Some(Ok(material)) => material,
-        problem if leading => {
-            if let Some(Err(why)) = problem {
-                tracing::warn!(secret = %origin, problem = %why, "the TLS Secret is unusable; replacing it");
+    let found = secret.as_ref().map(Material::from_secret);
+    let resource_version = secret.and_then(|s| s.metadata.resource_version);
+    let (mut material, mut resource_version) = match found {
+        Some(Ok(material)) => (material, resource_version),
+        _ if !leading => return Ok(None),
+        problem => {
+            match &problem {
+                Some(Err(why)) => {
+                    tracing::warn!(secret = %origin, problem = %why, "the TLS Secret is unusable; writing it again from the certificates in use")
+                }
+                _ => {
+                    tracing::warn!(secret = %origin, "the TLS Secret is missing; writing it again from the certificates in use")
+                }
             }
-            return load_or_create(api, name, names, origin).await.map(Some);
+            let secret = current.to_secret(name, resource_version.clone());
+            let (action, written) = match resource_version {
+                None => ("create", api.create(&PostParams::default(), &secret).await),
+                Some(_) => (
+                    "replace",
+                    api.replace(name, &PostParams::default(), &secret).await,
+                ),
+            };
+            match written {
+                Ok(written) => {
+                    tracing::info!(secret = %origin, "wrote the TLS Secret again: same CA and serving certificate");
+                    (current.clone(), written.metadata.resource_version)
+                }
+                // Someone else wrote it meanwhile: read theirs next time.
+                Err(e) if is_conflict(&e) => return Ok(None),
+                Err(e) => return Err(ControllerError::api(action, origin, e)),
+            }
         }
-        _ => return Ok(None),
     };
     if !leading {
         return Ok(Some(material));
@@ -729,8 +763,6 @@ async fn refresh_secret(
         origin: origin.to_string(),
         message,
     };
-    let mut material = material;
-    let mut resource_version = secret.and_then(|s| s.metadata.resource_version);
     // At most a rename and a CA step; each step is written before the next is decided.
     for _ in 0..3 {
         let now = now_unix();
@@ -802,6 +834,7 @@ mod tests {
     use rustls::client::WebPkiServerVerifier;
     use rustls::client::danger::ServerCertVerifier;
     use rustls::pki_types::{ServerName, UnixTime};
+    use serde_json::json;
 
     fn names() -> Vec<String> {
         vec![
@@ -929,6 +962,143 @@ mod tests {
         assert_eq!(promoted.meta.next_ca, None);
         let reread = Material::from_secret(&promoted.to_secret("s", None)).unwrap();
         assert_eq!(reread, promoted);
+    }
+
+    /// An API server holding at most one Secret, enough for `refresh_secret`: get, create
+    /// (409 if it exists) and replace (409 unless the resourceVersion matches).
+    fn fake_secrets() -> (Api<Secret>, Arc<std::sync::Mutex<Option<Secret>>>) {
+        use axum::http::{Method, Request, Response, StatusCode};
+        use kube::client::Body;
+        let store = Arc::new(std::sync::Mutex::new(None::<Secret>));
+        let stored = store.clone();
+        let service = tower::service_fn(move |request: Request<Body>| {
+            let store = stored.clone();
+            async move {
+                let method = request.method().clone();
+                let body = request.into_body().collect_bytes().await.unwrap();
+                let mut store = store.lock().unwrap();
+                let respond = |status: StatusCode, json: String| {
+                    Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(Body::from(json.into_bytes()))
+                        .unwrap()
+                };
+                let status = |code: StatusCode| {
+                    // kube tells "not found" from other errors by the reason.
+                    let reason = match code {
+                        StatusCode::NOT_FOUND => "NotFound",
+                        StatusCode::CONFLICT => "Conflict",
+                        _ => "MethodNotAllowed",
+                    };
+                    respond(
+                        code,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                               "message": reason, "reason": reason, "code": code.as_u16()})
+                        .to_string(),
+                    )
+                };
+                let response = match method {
+                    Method::GET => match &*store {
+                        Some(secret) => {
+                            respond(StatusCode::OK, serde_json::to_string(secret).unwrap())
+                        }
+                        None => status(StatusCode::NOT_FOUND),
+                    },
+                    Method::POST | Method::PUT => {
+                        let mut secret: Secret = serde_json::from_slice(&body).unwrap();
+                        let existing = store
+                            .as_ref()
+                            .and_then(|s| s.metadata.resource_version.clone());
+                        let (ok, rv) = if method == Method::POST {
+                            (existing.is_none(), 1)
+                        } else {
+                            let rv = existing.as_deref().map_or(0, |v| v.parse().unwrap());
+                            (
+                                existing.is_some() && secret.metadata.resource_version == existing,
+                                rv + 1,
+                            )
+                        };
+                        if ok {
+                            secret.metadata.resource_version = Some(rv.to_string());
+                            *store = Some(secret.clone());
+                            respond(StatusCode::OK, serde_json::to_string(&secret).unwrap())
+                        } else {
+                            status(StatusCode::CONFLICT)
+                        }
+                    }
+                    _ => status(StatusCode::METHOD_NOT_ALLOWED),
+                };
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        let client = Client::new(service, "initium-system");
+        (Api::namespaced(client, "initium-system"), store)
+    }
+
+    #[tokio::test]
+    async fn a_deleted_secret_is_written_again_with_the_same_ca() {
+        let (api, store) = fake_secrets();
+        let origin = "Secret initium-system/initium-tls";
+        let current = Material::create(&names(), now_unix()).unwrap();
+
+        // Not leading: nothing is written, the certificates in use stay.
+        let found = refresh_secret(&api, "initium-tls", &names(), false, &current, origin)
+            .await
+            .unwrap();
+        assert_eq!(found, None);
+        assert!(store.lock().unwrap().is_none(), "only the leader writes");
+
+        // Leading: the Secret is written again from what is served, not from a new CA.
+        let found = refresh_secret(&api, "initium-tls", &names(), true, &current, origin)
+            .await
+            .unwrap();
+        assert_eq!(
+            found.as_ref(),
+            Some(&current),
+            "the same CA and serving certificate"
+        );
+        let written = store.lock().unwrap().clone().expect("the Secret again");
+        assert_eq!(Material::from_secret(&written).unwrap(), current);
+
+        // Unusable (the key lost): replaced with what is served, too.
+        store
+            .lock()
+            .unwrap()
+            .as_mut()
+            .unwrap()
+            .data
+            .as_mut()
+            .unwrap()
+            .remove(TLS_KEY);
+        let found = refresh_secret(&api, "initium-tls", &names(), true, &current, origin)
+            .await
+            .unwrap();
+        assert_eq!(found.as_ref(), Some(&current));
+        let written = store.lock().unwrap().clone().unwrap();
+        assert_eq!(Material::from_secret(&written).unwrap(), current);
+        assert_eq!(written.metadata.resource_version.as_deref(), Some("2"));
+    }
+
+    #[tokio::test]
+    async fn a_deleted_secret_with_a_ca_due_is_rotated_in_stages() {
+        let (api, store) = fake_secrets();
+        let origin = "Secret initium-system/initium-tls";
+        let name = "initium.initium-system.svc";
+        // Seven years old: the CA is due for renewal, the serving certificate has expired.
+        let current = Material::create(&names(), now_unix() - 7 * 365 * 24 * 3600).unwrap();
+        let found = refresh_secret(&api, "initium-tls", &names(), true, &current, origin)
+            .await
+            .unwrap()
+            .expect("the Secret written and renewed");
+        // The new CA is only staged: it is in the caBundle, next to the old one...
+        assert_eq!(found.meta.signing_ca, current.meta.signing_ca);
+        assert!(found.meta.next_ca.is_some() && found.next_ca.is_some());
+        assert!(found.ca_bundle.starts_with(&current.signing_ca_cert));
+        // ...and what is served is signed by the CA the published caBundle already trusts.
+        trusted(&current.ca_bundle, &found.serving_cert, name).unwrap();
+        let written = store.lock().unwrap().clone().unwrap();
+        assert_eq!(Material::from_secret(&written).unwrap(), found);
     }
 
     #[tokio::test]
