@@ -182,7 +182,7 @@ struct PointerIndex {
 }
 
 /// Recorded parts from which the index is kept.
-const INDEX_FROM: usize = 16;
+const INDEX_FROM: usize = 64;
 
 impl PointerIndex {
     /// Called before `pointer` is pushed onto `entries`.
