@@ -453,66 +453,66 @@ const REGEX_FUNCTION_COST: usize = 1_000;
 fn regex_function_patterns(text: &str) -> Result<Vec<String>, String> {
     let chars: Vec<char> = text.chars().collect();
     let mut patterns = Vec::new();
+    let mut skip_to = 0;
+    for i in unquoted(&chars, 0) {
+        if i < skip_to {
+            continue;
+        }
+        let word_start = i == 0 || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
+        let name = ["match", "search"].into_iter().find(|name| {
+            word_start && chars[i..].iter().take(name.len()).copied().eq(name.chars())
+        });
+        let Some(name) = name else { continue };
+        let mut j = i + name.len();
+        while chars.get(j).is_some_and(|c| c.is_whitespace()) {
+            j += 1;
+        }
+        if chars.get(j) == Some(&'(') {
+            patterns.push(second_argument(&chars, j + 1).ok_or_else(|| {
+                format!("the pattern of {name}() must be a string literal ({name}(@.x, 'pattern')): a pattern taken from the object would be compiled at every admission")
+            })?);
+            skip_to = j;
+        }
+    }
+    Ok(patterns)
+}
+
+/// The positions, from `start`, of the characters outside string literals ('…' and "…",
+/// with backslash escapes): where a query's syntax is.
+fn unquoted(chars: &[char], start: usize) -> impl Iterator<Item = usize> + '_ {
     let mut quote: Option<char> = None;
-    let mut i = 0;
-    while i < chars.len() {
+    let mut escaped = false;
+    (start..chars.len()).filter(move |&i| {
         let c = chars[i];
         match quote {
-            Some(_) if c == '\\' => i += 1,
+            Some(_) if escaped => escaped = false,
+            Some(_) if c == '\\' => escaped = true,
             Some(q) if c == q => quote = None,
             Some(_) => {}
             None if c == '\'' || c == '"' => quote = Some(c),
-            None => {
-                let word_start = i == 0 || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
-                let name = ["match", "search"].into_iter().find(|name| {
-                    word_start && chars[i..].iter().take(name.len()).copied().eq(name.chars())
-                });
-                if let Some(name) = name {
-                    let mut j = i + name.len();
-                    while chars.get(j).is_some_and(|c| c.is_whitespace()) {
-                        j += 1;
-                    }
-                    if chars.get(j) == Some(&'(') {
-                        patterns.push(second_argument(&chars, j + 1).ok_or_else(|| {
-                            format!("the pattern of {name}() must be a string literal ({name}(@.x, 'pattern')): a pattern taken from the object would be compiled at every admission")
-                        })?);
-                        i = j;
-                    }
-                }
-            }
+            None => return true,
         }
-        i += 1;
-    }
-    Ok(patterns)
+        false
+    })
 }
 
 /// The second argument of a call whose arguments start at `start`, when it is a string
 /// literal.
 fn second_argument(chars: &[char], start: usize) -> Option<String> {
     let mut depth = 0usize;
-    let mut quote: Option<char> = None;
     let mut comma = None;
     let mut end = None;
-    let mut i = start;
-    while i < chars.len() {
-        let c = chars[i];
-        match quote {
-            Some(_) if c == '\\' => i += 1,
-            Some(q) if c == q => quote = None,
-            Some(_) => {}
-            None => match c {
-                '\'' | '"' => quote = Some(c),
-                '(' | '[' => depth += 1,
-                ')' | ']' if depth == 0 => {
-                    end = Some(i);
-                    break;
-                }
-                ')' | ']' => depth -= 1,
-                ',' if depth == 0 && comma.is_none() => comma = Some(i),
-                _ => {}
-            },
+    for i in unquoted(chars, start) {
+        match chars[i] {
+            '(' | '[' => depth += 1,
+            ')' | ']' if depth == 0 => {
+                end = Some(i);
+                break;
+            }
+            ')' | ']' => depth -= 1,
+            ',' if depth == 0 && comma.is_none() => comma = Some(i),
+            _ => {}
         }
-        i += 1;
     }
     let argument: String = chars[comma? + 1..end?].iter().collect();
     let argument = argument.trim();
@@ -552,32 +552,29 @@ struct Shape {
 }
 
 fn shape(text: &str) -> Shape {
+    let chars: Vec<char> = text.chars().collect();
     let mut shape = Shape {
         nesting: 0,
         descendants: 0,
     };
     let mut depth: usize = 0;
-    let mut quote: Option<char> = None;
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        match (quote, c) {
-            (Some(_), '\\') => {
-                chars.next();
-            }
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '\'' | '"') => quote = Some(c),
-            (None, '[' | '(') => {
+    let mut after_dot = false;
+    for i in unquoted(&chars, 0) {
+        match chars[i] {
+            '[' | '(' => {
                 depth += 1;
                 shape.nesting = shape.nesting.max(depth);
             }
-            (None, ']' | ')') => depth = depth.saturating_sub(1),
-            (None, '.') if chars.peek() == Some(&'.') => {
-                chars.next();
+            ']' | ')' => depth = depth.saturating_sub(1),
+            // `..` is one descendant segment; `...` is not two.
+            '.' if after_dot && i > 0 && chars[i - 1] == '.' => {
                 shape.descendants += 1;
+                after_dot = false;
+                continue;
             }
             _ => {}
         }
+        after_dot = chars[i] == '.';
     }
     shape
 }
@@ -917,6 +914,16 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn the_shape_of_a_query_ignores_string_literals() {
+        let count = |q: &str| (shape(q).descendants, shape(q).nesting);
+        assert_eq!(count("$.a.b"), (0, 0));
+        assert_eq!(count("$..a..b"), (2, 0));
+        assert_eq!(count("$['..', \"a..b\"]..c"), (1, 1));
+        assert_eq!(count("$[?@.a == 'it\\'s ..']..x"), (1, 1));
+        assert_eq!(count("$[?(@[?(@.a)])]"), (0, 4));
     }
 
     #[test]
