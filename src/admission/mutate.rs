@@ -37,14 +37,7 @@ pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
             name = %request.display_name(),
             "admitted without running rules: the namespace is excluded",
         );
-        observe(
-            shared,
-            labels.kind(kind),
-            &request.operation,
-            "unchanged",
-            arrival,
-        );
-        return answer(&AdmissionResponse::allow(&request.uid));
+        return pass(shared, labels.kind(kind), &request, arrival);
     }
     let operation = match (request.operation(), request.subresource(), &request.object) {
         (Some(operation), None, Some(_)) => operation,
@@ -64,14 +57,7 @@ pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
                     _ => "the request has no object",
                 },
             );
-            observe(
-                shared,
-                labels.kind(kind),
-                &request.operation,
-                "unchanged",
-                arrival,
-            );
-            return answer(&AdmissionResponse::allow(&request.uid));
+            return pass(shared, labels.kind(kind), &request, arrival);
         }
     };
     // Logs name the object even when the engine keeps it (on a denial) or the API server has
@@ -106,6 +92,12 @@ pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
         Ok(outcome) => admitted.mutated(shared, &outcome),
         Err(denial) => admitted.denied(shared, &denial),
     }
+}
+
+/// Allows the request unchanged without running rules, and records it.
+fn pass(shared: &Shared, kind: &str, request: &AdmissionRequest, arrival: Instant) -> Reply {
+    observe(shared, kind, &request.operation, "unchanged", arrival);
+    answer(&AdmissionResponse::allow(&request.uid))
 }
 
 /// An evaluated request, for the answer, the metrics and the log.
