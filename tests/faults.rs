@@ -1108,6 +1108,151 @@ async fn every_pod_is_mutated_by_one_version_of_a_rule_that_keeps_changing() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Hostile rules through serve
+
+/// The hostile rules of `tests/data/hostile` (each once crashed, exhausted memory or stalled
+/// initium), as MutationRules of a tenant, without their good companion rule.
+fn hostile_rules() -> Vec<(String, Value)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hostile");
+    let mut rules = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("tests/data/hostile") {
+        let path = entry.expect("an entry").path();
+        if path.file_name().is_some_and(|n| n == "pod.yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a hostile rule file");
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("YAML");
+        for doc in docs {
+            let name = doc["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if doc["kind"] == "MutationRule" && name != "zz-good" {
+                rules.push((name, doc["spec"].clone()));
+            }
+        }
+    }
+    rules.sort_by(|a, b| a.0.cmp(&b.0));
+    rules
+}
+
+/// A tenant's hostile rules, created through the API server, leave `serve` alive and ready,
+/// the tenant's Pods created (the rules are skipped, `Ignore`), another namespace's Pods
+/// mutated within the webhook timeout, and initium's peak memory within the Deployment's
+/// 256 MiB limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_rules_through_serve_leave_initium_alive_and_others_served() {
+    let _serial = serial().await;
+    let name = support::unique("f-hostile");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let tenant = support::namespace(&client, "tenant").await;
+    let other = support::namespace(&client, "other").await;
+    let mut initium = start(&name, &own, "one").await;
+
+    let hostile = hostile_rules();
+    assert!(hostile.len() >= 6, "{hostile:?}");
+    for (rule, spec) in &hostile {
+        apply_rule(&client, &tenant, rule, spec)
+            .await
+            .unwrap_or_else(|e| panic!("{rule}: {e}"));
+    }
+    apply_rule(&client, &other, "served", &label_rule("served", "yes"))
+        .await
+        .expect("the other namespace's rule");
+    let names: Vec<&str> = hostile.iter().map(|(n, _)| n.as_str()).collect();
+    wait_statuses(&client, &tenant, &names, Duration::from_secs(60)).await;
+    wait_statuses(&client, &other, &["served"], Duration::from_secs(60)).await;
+    wait_admission_label(&client, &other, "served", "yes").await;
+
+    let tenant_stream = CreateStream::start(&client, &tenant, "t", 2, 25, Duration::from_secs(90));
+    let other_stream = CreateStream::start(&client, &other, "o", 2, 50, Duration::from_secs(90));
+    eventually(
+        "every create to be answered",
+        Duration::from_secs(120),
+        || async {
+            let (t, o) = (
+                tenant_stream.snapshot().len(),
+                other_stream.snapshot().len(),
+            );
+            if t >= 50 && o >= 100 {
+                Ok(())
+            } else {
+                Err(format!("{t} tenant and {o} other creates answered"))
+            }
+        },
+    )
+    .await;
+    let tenant_results = tenant_stream.finish().await;
+    let other_results = other_stream.finish().await;
+
+    for c in &tenant_results {
+        let labels = c
+            .outcome
+            .as_ref()
+            .unwrap_or_else(|e| panic!("tenant Pod {} was not created: {e}", c.name));
+        assert!(
+            !labels.contains_key("good"),
+            "{}: only the hostile rules are in the tenant's namespace",
+            c.name
+        );
+    }
+    let mut latencies = Vec::new();
+    for c in &other_results {
+        let labels = c
+            .outcome
+            .as_ref()
+            .unwrap_or_else(|e| panic!("Pod {} was not created: {e}", c.name));
+        assert_eq!(
+            labels.get("served").map(String::as_str),
+            Some("yes"),
+            "{} was not mutated",
+            c.name
+        );
+        latencies.push(c.latency);
+    }
+    let worst = latencies.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "faults: hostile rules: {} tenant and {} other Pods; other creates p50 {:?} p99 {:?} max {worst:?}",
+        tenant_results.len(),
+        other_results.len(),
+        quantile(&latencies, 0.5),
+        quantile(&latencies, 0.99)
+    );
+    assert!(
+        worst <= WEBHOOK_TIMEOUT + API_SLACK,
+        "another namespace's create took {worst:?}"
+    );
+
+    assert!(
+        initium.running(),
+        "serve died; see {}",
+        initium.log.display()
+    );
+    let (status, _) = initium.get("/readyz").expect("/readyz");
+    assert_eq!(status, 200, "serve is not ready");
+    let skipped = initium
+        .metric("initium_rule_errors_total")
+        .expect("/metrics");
+    assert!(
+        skipped >= tenant_results.len() as f64,
+        "every tenant Pod should have had hostile rules skipped: {skipped}"
+    );
+    let memory = initium.memory().expect("initium's memory");
+    eprintln!(
+        "faults: hostile rules: initium RSS {:.1} MiB, peak {:.1} MiB",
+        cluster::mib(memory.rss_kib),
+        cluster::mib(memory.peak_kib)
+    );
+    assert!(
+        memory.peak_kib < 256 * 1024,
+        "peak RSS {} KiB is over the Deployment's 256 MiB limit",
+        memory.peak_kib
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // 8. isolation: a MutationRule changes nothing outside its namespace
 
 /// POSTs an AdmissionReview straight to a replica's `/mutate` (its certificate is from its
