@@ -1252,6 +1252,89 @@ async fn hostile_rules_through_serve_leave_initium_alive_and_others_served() {
     );
 }
 
+/// Hostile clients of the webhook port (`tests/data/attack-webhook.py`: 200 connections that
+/// stall inside 7 MiB bodies, 5,000 reviews of distinct kinds, 20 concurrent `/validate`
+/// posts of a rule with 1,000 large regexes) leave `serve` within the Deployment's 256 MiB,
+/// ready, with a small `/metrics`, and still admitting Pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_clients_of_the_webhook_port_leave_initium_within_its_memory_limit() {
+    let _serial = serial().await;
+    let name = support::unique("f-clients");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let team = support::namespace(&client, "team").await;
+    let mut initium = start(&name, &own, "one").await;
+    apply_rule(&client, &team, "served", &label_rule("served", "yes"))
+        .await
+        .expect("a rule");
+    wait_statuses(&client, &team, &["served"], Duration::from_secs(60)).await;
+    wait_admission_label(&client, &team, "served", "yes").await;
+
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/attack-webhook.py");
+    let webhook = initium.webhook.to_string();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .arg(script)
+            .arg(webhook)
+            .output()
+            .expect("python3 runs the attack")
+    })
+    .await
+    .expect("the attack");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the attack script failed: {stderr}"
+    );
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    eprintln!("faults: hostile clients: {report}");
+    // The distinct kinds were answered (allowed: no rule covers them), not dropped.
+    assert!(
+        report["kinds"]["200"].as_u64().unwrap_or(0) >= 4_000,
+        "reviews of distinct kinds: {report}"
+    );
+    // The 1,000-regex rule is refused (a denial in a 200 answer, or "retry" when busy).
+    assert!(
+        report["validations"]["statuses"].get("error").is_none(),
+        "validations: {report}"
+    );
+
+    assert!(
+        initium.running(),
+        "serve died; see {}",
+        initium.log.display()
+    );
+    let (status, _) = initium.get("/readyz").expect("/readyz");
+    assert_eq!(status, 200, "serve is not ready");
+    let (_, metrics) = initium.get("/metrics").expect("/metrics");
+    assert!(
+        metrics.len() < 256 * 1024,
+        "/metrics grew to {} bytes",
+        metrics.len()
+    );
+    assert!(
+        !metrics.contains("Kind4999"),
+        "a client-chosen kind became a metric label"
+    );
+    let memory = initium.memory().expect("initium's memory");
+    eprintln!(
+        "faults: hostile clients: initium RSS {:.1} MiB, peak {:.1} MiB, /metrics {} bytes",
+        cluster::mib(memory.rss_kib),
+        cluster::mib(memory.peak_kib),
+        metrics.len()
+    );
+    assert!(
+        memory.peak_kib < 256 * 1024,
+        "peak RSS {} KiB is over the Deployment's 256 MiB limit",
+        memory.peak_kib
+    );
+    // And it still admits.
+    wait_admission_label(&client, &team, "served", "yes").await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8. isolation: a MutationRule changes nothing outside its namespace
 
