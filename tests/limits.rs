@@ -520,3 +520,19 @@ fn regex_functions_in_jsonpath_are_bounded() {
         started.elapsed()
     );
 }
+
+#[test]
+fn a_mutation_rule_may_only_wait_on_its_own_namespace() {
+    let gate = |namespace: &str| {
+        json!({"match": {"kinds": ["Pod"]},
+               "mutations": [{"merge": {"metadata": {"labels": {"gated": "yes"}}}}],
+               "gate": {"waitFor": [{"service": {"name": "db", "namespace": namespace}}]}})
+    };
+    let error = compile_error(gate("kube-system"));
+    assert!(
+        error.contains("spec.gate.waitFor[0].service.namespace: a MutationRule may only wait on objects in its own namespace (team), not \"kube-system\""),
+        "{error}"
+    );
+    let (_, errors) = compile_all(&[mr("team", "own", gate("team"))]);
+    assert!(errors.is_empty(), "{errors:?}");
+}

@@ -612,6 +612,23 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
                     format!("set exactly one of service, job, pods, object (found {set})"),
                 );
             }
+            // DESIGN.md: a MutationRule may only wait on objects in its own namespace.
+            if let Some(own) = id.namespace.as_deref() {
+                let namespaces = [
+                    ("service", d.service.as_ref().and_then(|r| r.namespace.as_deref())),
+                    ("job", d.job.as_ref().and_then(|r| r.namespace.as_deref())),
+                    ("pods", d.pods.as_ref().and_then(|r| r.namespace.as_deref())),
+                    ("object", d.object.as_ref().and_then(|r| r.namespace.as_deref())),
+                ];
+                for (field, namespace) in namespaces {
+                    if let Some(namespace) = namespace.filter(|ns| *ns != own) {
+                        errors.push(
+                            format!("spec.gate.waitFor[{i}].{field}.namespace"),
+                            format!("a MutationRule may only wait on objects in its own namespace ({own}), not {namespace:?}; leave it out, or use a ClusterMutationRule"),
+                        );
+                    }
+                }
+            }
             if let Some(o) = &d.object {
                 for (j, c) in o.conditions.iter().enumerate() {
                     if let Err(e) = Query::parse(&c.path) {
