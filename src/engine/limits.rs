@@ -302,7 +302,7 @@ mod tests {
         // A deep chain is measured without recursion and only as far as needed.
         let mut deep = json!(1);
         for _ in 0..10_000 {
-            deep = json!([deep]);
+            deep = Value::Array(vec![deep]);
         }
         let size = measure(&deep, usize::MAX, 50);
         assert_eq!(size.depth, 51);
