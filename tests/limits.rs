@@ -94,23 +94,24 @@ fn assert_contained(outcome: &Outcome, original: &Value, expect: &str) {
     );
 }
 
+/// Runs `spec` as team/hostile beside the good rule on a Pod with `containers` containers:
+/// the hostile rule is contained, with `expect` in its warning.
+fn assert_hostile_contained(spec: Value, containers: usize, expect: &str) {
+    let idx = index(vec![mr("team", "hostile", spec), good_rule()]);
+    let original = pod(containers);
+    let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
+    assert_contained(&outcome, &original, expect);
+}
+
 #[test]
 fn chained_foreach_that_nests_the_object_deeper_stops_at_the_depth_limit() {
     // Every step wraps every value of the object in two more levels: the object doubles
     // in depth and in size each time. This overflowed the stack.
     let step =
         json!({"forEach": "$..[?@.name]", "mutations": [{"merge": {"w": {"w": "{{ @ }}"}}}]});
-    let hostile = mr(
-        "team",
-        "hostile",
+    assert_hostile_contained(
         json!({"match": {"kinds": ["Pod"]}, "mutations": vec![step; 8]}),
-    );
-    let idx = index(vec![hostile, good_rule()]);
-    let original = pod(2);
-    let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
-    assert_contained(
-        &outcome,
-        &original,
+        2,
         "more than 100 levels deep (the depth limit)",
     );
 }
@@ -119,18 +120,10 @@ fn chained_foreach_that_nests_the_object_deeper_stops_at_the_depth_limit() {
 fn a_foreach_element_replaced_by_an_earlier_step_is_named() {
     // `$..*` selects a list and then its elements; merging into the list replaces it with an
     // object, so its elements are gone when their turn comes.
-    let hostile = mr(
-        "team",
-        "hostile",
+    assert_hostile_contained(
         json!({"match": {"kinds": ["Pod"]}, "mutations": [
             {"forEach": "$..*", "mutations": [{"merge": {"w": "{{ @ }}"}}]}]}),
-    );
-    let idx = index(vec![hostile, good_rule()]);
-    let original = pod(1);
-    let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
-    assert_contained(
-        &outcome,
-        &original,
+        1,
         "the forEach element no longer exists: an earlier step of this forEach removed or replaced it",
     );
 }
@@ -139,62 +132,46 @@ fn a_foreach_element_replaced_by_an_earlier_step_is_named() {
 fn a_rule_that_copies_the_object_into_itself_stops_at_the_output_limit() {
     // 22 merges of the whole object into itself: 2^22 times the Pod (5.75 GB before).
     let step = json!({"merge": {"metadata": {"annotations": {"copy": "{{ $.spec }}"}}, "spec": {"copy": "{{ $ }}"}}});
-    let hostile = mr(
-        "team",
-        "hostile",
+    assert_hostile_contained(
         json!({"match": {"kinds": ["Pod"]}, "mutations": vec![step; 22]}),
+        2,
+        "--max-rule-output",
     );
-    let idx = index(vec![hostile, good_rule()]);
-    let original = pod(2);
-    let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
-    assert_contained(&outcome, &original, "--max-rule-output");
 }
 
 #[test]
 fn doubling_rewrites_stop_at_the_output_limit_before_building_the_string() {
     // 28 rewrites of every character to itself twice: 2^28 times the image name.
     let step = json!({"rewrite": {"path": "/spec/containers/0/image", "regex": ".", "replacement": "$0$0"}});
-    let hostile = mr(
-        "team",
-        "hostile",
+    assert_hostile_contained(
         json!({"match": {"kinds": ["Pod"]}, "mutations": vec![step; 28]}),
+        1,
+        "more than 1 MiB",
     );
-    let idx = index(vec![hostile, good_rule()]);
-    let original = pod(1);
-    let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
-    assert_contained(&outcome, &original, "more than 1 MiB");
 }
 
 #[test]
 fn a_single_rewrite_whose_replacement_repeats_the_whole_match_is_refused_up_front() {
     // One match of the whole string expanded 300 times: checked before it is built.
     let replacement = "$0".repeat(300);
-    let hostile = mr(
-        "team",
-        "hostile",
+    assert_hostile_contained(
         json!({"match": {"kinds": ["Pod"]}, "mutations": [
             {"merge": {"metadata": {"annotations": {"big": "x".repeat(100_000)}}}},
             {"rewrite": {"path": "/metadata/annotations/big", "regex": "^.*$", "replacement": replacement}}]}),
+        1,
+        "spec.mutations[1]",
     );
-    let idx = index(vec![hostile, good_rule()]);
-    let original = pod(1);
-    let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
-    assert_contained(&outcome, &original, "spec.mutations[1]");
 }
 
 #[test]
 fn a_deep_path_is_refused_at_the_depth_limit() {
     let path = "/spec".to_string() + &"/x".repeat(MAX_DEPTH + 5);
-    let hostile = mr(
-        "team",
-        "hostile",
+    assert_hostile_contained(
         json!({"match": {"kinds": ["Pod"]}, "mutations": [
             {"patch": [{"op": "add", "path": path, "value": 1}]}]}),
+        1,
+        "more than 100 levels deep",
     );
-    let idx = index(vec![hostile, good_rule()]);
-    let original = pod(1);
-    let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
-    assert_contained(&outcome, &original, "more than 100 levels deep");
 }
 
 #[test]
@@ -246,18 +223,10 @@ fn the_output_limit_is_shared_by_the_rules_of_one_object() {
 
 #[test]
 fn foreach_over_many_elements_is_bounded_in_steps() {
-    let hostile = mr(
-        "team",
-        "hostile",
+    assert_hostile_contained(
         json!({"match": {"kinds": ["Pod"]}, "mutations": [{"forEach": "$.spec.containers[*]",
                "mutations": vec![json!({"merge": {"env": [{"name": "A", "value": "b"}]}}); 20]}]}),
-    );
-    let idx = index(vec![hostile, good_rule()]);
-    let original = pod(6_000);
-    let outcome = admit(&idx, &original).expect("Ignore rules do not deny");
-    assert_contained(
-        &outcome,
-        &original,
+        6_000,
         "forEach would take more than 100000 element × mutation steps (the limit, --max-foreach-steps): 6000 elements × 20 mutations",
     );
 }
