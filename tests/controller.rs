@@ -10,7 +10,6 @@
 
 mod support;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,26 +49,7 @@ async fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().await
 }
 
-use support::unique;
-
-/// Calls `attempt` until it returns `Ok`, at most for `timeout`; the panic says what was
-/// awaited and what the last attempt saw.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut attempt: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match attempt().await {
-            Ok(value) => return value,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("timed out after {timeout:?} waiting for {what}; last attempt: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
+use support::{eventually, unique};
 
 /// Installs `crds/` once per test binary (server-side apply: harmless if already there) and
 /// waits until both CRDs are Established.

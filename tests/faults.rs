@@ -39,6 +39,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use support::{eventually, post_review};
 use tokio::sync::{Mutex, MutexGuard};
 
 /// The webhook timeout of `initium serve` with the default 200 ms budget (twice the budget,
@@ -212,25 +213,6 @@ fn free_addr() -> SocketAddr {
 
 // ---------------------------------------------------------------------------------------------
 // Waiting, rules, Pods
-
-/// Calls `attempt` until it returns `Ok`, at most for `timeout`; the panic says what was
-/// awaited and what the last attempt saw.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut attempt: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        match attempt().await {
-            Ok(value) => return value,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("timed out after {timeout:?} waiting for {what}; last attempt: {last}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-}
 
 fn rule_body(namespace: &str, name: &str, spec: &Value) -> Value {
     json!({
@@ -1337,36 +1319,6 @@ async fn hostile_clients_of_the_webhook_port_leave_initium_within_its_memory_lim
 
 // ---------------------------------------------------------------------------------------------
 // 8. isolation: a MutationRule changes nothing outside its namespace
-
-/// POSTs an AdmissionReview straight to a replica's `/mutate` (its certificate is from its
-/// own CA, hence `-k`) and returns the response.
-fn post_review(webhook: SocketAddr, review: &Value) -> Value {
-    use std::io::Write;
-    let mut child = Command::new("curl")
-        .args([
-            "-sk",
-            "--max-time",
-            "5",
-            "-H",
-            "Content-Type: application/json",
-            "--data-binary",
-            "@-",
-        ])
-        .arg(format!("https://{webhook}/mutate"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("curl runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(review.to_string().as_bytes())
-        .expect("write the review");
-    let out = child.wait_with_output().expect("curl finishes");
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
-}
 
 /// An AdmissionReview for creating `object` (its kind's group/version/resource given).
 fn review_of(object: &Value, group: &str, version: &str, resource: &str) -> Value {

@@ -591,10 +591,16 @@ spec:
     );
     // A review sent straight to the port, around the webhook configuration, claiming an
     // excluded namespace: allowed, no patch. The same review for the team namespace is patched.
-    let patched = post_review(initium.webhook_port, &pod_review(&team));
+    let patched = support::post_review(
+        format!("127.0.0.1:{}", initium.webhook_port),
+        &pod_review(&team),
+    );
     assert!(patched["response"]["patch"].is_string(), "{patched}");
     for ns in [own.as_str(), "kube-system"] {
-        let answer = post_review(initium.webhook_port, &pod_review(ns));
+        let answer = support::post_review(
+            format!("127.0.0.1:{}", initium.webhook_port),
+            &pod_review(ns),
+        );
         assert_eq!(answer["response"]["allowed"], true, "{ns}: {answer}");
         assert!(answer["response"].get("patch").is_none(), "{ns}: {answer}");
     }
@@ -703,35 +709,6 @@ fn a_tiny_budget_warns_for_ignore_rules_and_denies_for_fail_rules() {
     assert!(stderr.contains(&format!("MutationRule {strict}/required (failurePolicy Fail) could not run: the latency budget ran out")), "{stderr}");
 }
 
-/// POSTs an AdmissionReview straight to one replica's `/mutate` (its certificate is
-/// self-signed, hence `-k`) and returns the response.
-fn post_review(port: u16, review: &Value) -> Value {
-    let out = Command::new("curl")
-        .args([
-            "-sk",
-            "--max-time",
-            "5",
-            "-H",
-            "Content-Type: application/json",
-            "--data-binary",
-            "@-",
-        ])
-        .arg(format!("https://127.0.0.1:{port}/mutate"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(review.to_string().as_bytes())?;
-            child.wait_with_output()
-        })
-        .expect("curl runs");
-    json(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn pod_review(namespace: &str) -> Value {
     serde_json::json!({
         "apiVersion": "admission.k8s.io/v1",
@@ -815,7 +792,10 @@ fn two_replicas_both_serve_and_only_the_lease_holder_writes() {
     // Both replicas serve admission with the same rules.
     for replica in &replicas {
         let response = eventually(Duration::from_secs(5), "a mutating answer", || {
-            let r = post_review(replica.webhook_port, &pod_review(&team));
+            let r = support::post_review(
+                format!("127.0.0.1:{}", replica.webhook_port),
+                &pod_review(&team),
+            );
             r["response"]["patch"].is_string().then_some(r)
         });
         assert_eq!(response["response"]["allowed"], true, "{response}");

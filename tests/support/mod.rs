@@ -180,3 +180,56 @@ pub fn kubectl() -> Command {
     command.arg("--kubeconfig").arg(&plane.kubeconfig);
     command
 }
+
+/// Calls `attempt` until it returns `Ok`, at most for `timeout`; the panic says what was
+/// awaited and what the last attempt saw.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: std::time::Duration, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(last) if std::time::Instant::now() >= deadline => {
+                panic!("timed out after {timeout:?} waiting for {what}; last attempt: {last}")
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// POSTs an AdmissionReview straight to a replica's `/mutate` at `webhook` (`127.0.0.1:PORT`;
+/// its certificate is from its own CA, hence `-k`) and returns the response.
+pub fn post_review(
+    webhook: impl std::fmt::Display,
+    review: &serde_json::Value,
+) -> serde_json::Value {
+    use std::io::Write;
+    let out = Command::new("curl")
+        .args([
+            "-sk",
+            "--max-time",
+            "5",
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            "@-",
+        ])
+        .arg(format!("https://{webhook}/mutate"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(review.to_string().as_bytes())?;
+            child.wait_with_output()
+        })
+        .expect("curl runs");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
