@@ -49,14 +49,19 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Path of the mutating webhook: every object initium may initialize.
+pub const MUTATE_PATH: &str = "/mutate";
+/// Path of the validating webhook: the rules themselves, compiled before they are stored.
+pub const VALIDATE_PATH: &str = "/validate";
+
 /// The webhook routes. Bodies above `--max-body-bytes` get 413; a body that is not an
 /// AdmissionReview gets 400 with a one-line reason; a body that does not arrive within
 /// `--body-read-timeout` gets 408; a body that would take the bytes in flight over
 /// `--max-inflight-bytes` gets 503.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
-        .route("/mutate", post(mutate))
-        .route("/validate", post(validate))
+        .route(MUTATE_PATH, post(mutate))
+        .route(VALIDATE_PATH, post(validate))
         .with_state(shared)
 }
 

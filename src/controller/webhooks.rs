@@ -40,6 +40,7 @@ use tokio::sync::watch;
 
 use super::discovery::Served;
 use super::{ControllerConfig, ControllerError, FIELD_MANAGER, Leader, Stop};
+use crate::admission::{MUTATE_PATH, VALIDATE_PATH};
 use crate::api::{FailurePolicy, GROUP, Operation, VERSION};
 use crate::engine::{CompiledRule, KindPattern};
 
@@ -49,10 +50,6 @@ pub const FAIL_WEBHOOK: &str = "fail.initium.dev";
 pub const IGNORE_WEBHOOK: &str = "ignore.initium.dev";
 /// Name of the validating webhook for the rules themselves.
 pub const RULES_WEBHOOK: &str = "rules.initium.dev";
-/// Path of the mutating webhook.
-pub const MUTATE_PATH: &str = "/mutate";
-/// Path of the validating webhook.
-pub const VALIDATE_PATH: &str = "/validate";
 /// Timeout of the validating webhook. Compiling a rule takes microseconds; rule changes are
 /// not on any workload's path, so there is no reason to cut a slow connection short.
 pub const VALIDATE_TIMEOUT_SECONDS: i32 = 10;
