@@ -14,12 +14,23 @@ pub mod state;
 
 use engine::RuleErrors;
 
-/// Everything that can go wrong in initium's commands, with enough context to act on.
+/// A cause kept below one of initium's errors, for the chain [`report`] prints.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong in initium's commands, with enough context to act on. The
+/// library error an error comes from stays reachable through `source()`; [`report`] renders
+/// the whole chain as the one sentence a person reads.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A file or document could not be read.
+    /// A file or document could not be read, or is not what initium reads.
     #[error("{origin}: {message}")]
-    Input { origin: String, message: String },
+    Input {
+        /// The file (`<stdin>`, `file.yaml#2` for the second document).
+        origin: String,
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// One or more rules are invalid; every problem is listed.
     #[error("{}", render_rule_errors(.0))]
     InvalidRules(Vec<RuleErrors>),
@@ -27,14 +38,88 @@ pub enum Error {
     #[error("{0}")]
     Denied(String),
     /// Writing results failed.
-    #[error("{0}")]
-    Output(String),
+    #[error("cannot write {what}")]
+    Output {
+        /// What was being written: `the results`, `crds/initium.dev_mutationrules.yaml`.
+        what: String,
+        #[source]
+        source: Cause,
+    },
     /// `initium serve` could not start or stopped on an error.
-    #[error("{0}")]
-    Serve(String),
+    #[error("{message}")]
+    Serve {
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// Test cases failed (the report has the details).
     #[error("{failed} of {total} test case(s) failed")]
     TestsFailed { failed: usize, total: usize },
+}
+
+impl Error {
+    /// A file or document that is not what initium reads; `message` says why.
+    pub(crate) fn input(origin: impl Into<String>, message: impl Into<String>) -> Error {
+        Error::Input {
+            origin: origin.into(),
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Reading `origin` failed with `source`; `message` says what initium was doing.
+    pub(crate) fn input_from(
+        origin: impl Into<String>,
+        message: impl Into<String>,
+        source: impl Into<Cause>,
+    ) -> Error {
+        Error::Input {
+            origin: origin.into(),
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Writing `what` failed.
+    pub(crate) fn output(what: impl Into<String>, source: impl Into<Cause>) -> Error {
+        Error::Output {
+            what: what.into(),
+            source: source.into(),
+        }
+    }
+
+    /// `initium serve` cannot start or go on; `message` says why and what to do.
+    pub(crate) fn serve(message: impl Into<String>) -> Error {
+        Error::Serve {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// `initium serve` cannot start or go on because of `source`.
+    pub(crate) fn serve_from(message: impl Into<String>, source: impl Into<Cause>) -> Error {
+        Error::Serve {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+/// An error and its causes as one line of text, `outer: cause: cause`: what `initium` prints
+/// and logs. A cause whose text the line already holds (an error that quotes its source) is
+/// not repeated.
+pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !line.is_empty() && !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 fn render_rule_errors(errors: &[RuleErrors]) -> String {
@@ -48,3 +133,22 @@ fn render_rule_errors(errors: &[RuleErrors]) -> String {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_follows_the_cause_chain_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let error = Error::input_from("rules.yaml", "cannot read", io);
+        assert_eq!(report(&error), "rules.yaml: cannot read: no such file");
+        let source = std::error::Error::source(&error).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("no such file"), "the cause stays reachable");
+
+        // A message that already quotes its cause does not repeat it.
+        let io = std::io::Error::new(std::io::ErrorKind::AddrInUse, "address in use");
+        let error = Error::serve_from(format!("cannot listen on :8443: {io}; stop it"), io);
+        assert_eq!(report(&error), "cannot listen on :8443: address in use; stop it");
+    }
+}

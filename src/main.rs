@@ -21,7 +21,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // Errors can quote what a client or a rule wrote: control characters are escaped
             // (line breaks kept), so they cannot drive the terminal.
-            let text = e.to_string();
+            let text = initium::report(&e);
             let lines: Vec<String> = text
                 .lines()
                 .map(initium::cli::serve::escape_controls)

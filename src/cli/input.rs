@@ -33,20 +33,17 @@ pub fn expand(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
         } else if input.exists() {
             files.push(input.clone());
         } else {
-            return Err(Error::Input {
-                origin: input.display().to_string(),
-                message: "no such file or directory".into(),
-            });
+            return Err(Error::input(
+                input.display().to_string(),
+                "no such file or directory",
+            ));
         }
     }
     Ok(files)
 }
 
 fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
-    let io = |e: std::io::Error| Error::Input {
-        origin: dir.display().to_string(),
-        message: e.to_string(),
-    };
+    let io = |e: std::io::Error| Error::input_from(dir.display().to_string(), "cannot read", e);
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io)?
         .map(|e| e.map(|e| e.path()))
@@ -82,10 +79,7 @@ fn read_text(file: &Path) -> Result<(String, String)> {
     } else {
         file.display().to_string()
     };
-    let io = |e: std::io::Error| Error::Input {
-        origin: origin.clone(),
-        message: e.to_string(),
-    };
+    let io = |e: std::io::Error| Error::input_from(origin.clone(), "cannot read", e);
     let mut bytes = Vec::new();
     if file.as_os_str() == "-" {
         std::io::stdin()
@@ -98,15 +92,13 @@ fn read_text(file: &Path) -> Result<(String, String)> {
             .map_err(io)?;
     }
     if bytes.len() as u64 > MAX_INPUT_BYTES {
-        return Err(Error::Input {
+        return Err(Error::input(
             origin,
-            message: format!("larger than {} MiB", MAX_INPUT_BYTES >> 20),
-        });
+            format!("larger than {} MiB", MAX_INPUT_BYTES >> 20),
+        ));
     }
-    let text = String::from_utf8(bytes).map_err(|e| Error::Input {
-        origin: origin.clone(),
-        message: format!("not UTF-8 text: {e}"),
-    })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| Error::input_from(origin.clone(), "not UTF-8 text", e))?;
     Ok((origin, text))
 }
 
@@ -178,19 +170,14 @@ pub fn parse_documents(origin: &str, text: &str) -> Result<Vec<Document>> {
     let values: Vec<Value> = if trimmed.starts_with('{') || trimmed.starts_with('[') {
         let mut values = Vec::new();
         for v in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
-            values.push(v.map_err(|e| Error::Input {
-                origin: origin.to_string(),
-                message: format!("invalid JSON: {e}"),
-            })?);
+            values.push(v.map_err(|e| Error::input_from(origin, "invalid JSON", e))?);
         }
         values
     } else {
-        serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options()).map_err(|e| {
-            Error::Input {
-                origin: origin.to_string(),
-                message: format!("invalid YAML: {}", yaml_error(&e)),
-            }
-        })?
+        // The reader's own text is replaced, not kept as a cause: it speaks to programmers
+        // ("set DuplicateKeyPolicy in Options") and [`yaml_error`] says it for the author.
+        serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options())
+            .map_err(|e| Error::input(origin, format!("invalid YAML: {}", yaml_error(&e))))?
     };
     let many = values.len() > 1;
     let mut docs = Vec::new();
@@ -216,10 +203,10 @@ fn push_document(origin: String, value: Value, docs: &mut Vec<Document>) -> Resu
         }
         Value::Object(ref map) => {
             if depth(&value) > MAX_DEPTH {
-                return Err(Error::Input {
+                return Err(Error::input(
                     origin,
-                    message: format!("nested deeper than {MAX_DEPTH} levels"),
-                });
+                    format!("nested deeper than {MAX_DEPTH} levels"),
+                ));
             }
             let is_list = map
                 .get("kind")
@@ -238,13 +225,13 @@ fn push_document(origin: String, value: Value, docs: &mut Vec<Document>) -> Resu
             docs.push(Document { origin, value });
             Ok(())
         }
-        other => Err(Error::Input {
+        other => Err(Error::input(
             origin,
-            message: format!(
+            format!(
                 "expected an object (a Kubernetes resource), found {}",
                 crate::engine::describe_value(&other)
             ),
-        }),
+        )),
     }
 }
 

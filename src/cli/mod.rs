@@ -1,4 +1,6 @@
-//! The offline commands: the engine with no cluster.
+//! The command line: arguments and dispatch. `apply`, `check`, `test` and `crd` are the
+//! offline commands (the engine with no cluster: [`input`], [`offline`], [`output`],
+//! [`test`]); `serve` hands over to the online composition root.
 
 pub mod input;
 pub mod offline;
@@ -177,7 +179,8 @@ fn apply(args: ApplyArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
                     "patch": outcome.patch(),
                 });
                 text.push_str(
-                    &serde_json::to_string(&line).map_err(|e| Error::Output(e.to_string()))?,
+                    &serde_json::to_string(&line)
+                        .map_err(|e| Error::output("a patch as JSON", e))?,
                 );
                 text.push('\n');
             }
@@ -185,7 +188,7 @@ fn apply(args: ApplyArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
         }
     };
     out.write_all(text.as_bytes())
-        .map_err(|e| Error::Output(e.to_string()))
+        .map_err(|e| Error::output("the results", e))
 }
 
 fn check(args: CheckArgs, out: &mut dyn Write) -> Result<()> {
@@ -199,19 +202,19 @@ fn check(args: CheckArgs, out: &mut dyn Write) -> Result<()> {
     }
     text.push_str(&format!("{} rule(s) valid\n", rules.index.len()));
     out.write_all(text.as_bytes())
-        .map_err(|e| Error::Output(e.to_string()))
+        .map_err(|e| Error::output("the results", e))
 }
 
 fn crd(args: CrdArgs, out: &mut dyn Write) -> Result<()> {
     match args.out_dir {
         None => out
             .write_all(output::crds_yaml()?.as_bytes())
-            .map_err(|e| Error::Output(e.to_string())),
+            .map_err(|e| Error::output("the CustomResourceDefinitions", e)),
         Some(dir) => {
             for (file, text) in output::crd_files()? {
                 let path = dir.join(file);
                 std::fs::write(&path, text)
-                    .map_err(|e| Error::Output(format!("{}: {e}", path.display())))?;
+                    .map_err(|e| Error::output(path.display().to_string(), e))?;
             }
             Ok(())
         }
@@ -220,5 +223,5 @@ fn crd(args: CrdArgs, out: &mut dyn Write) -> Result<()> {
 
 /// A line on stderr; names and messages in it come from files, so it is escaped first.
 fn report(err: &mut dyn Write, line: &str) -> Result<()> {
-    writeln!(err, "{}", crate::engine::sanitize(line)).map_err(|e| Error::Output(e.to_string()))
+    writeln!(err, "{}", crate::engine::sanitize(line)).map_err(|e| Error::output("to stderr", e))
 }

@@ -131,10 +131,7 @@ pub fn admit(
     namespaces: &BTreeMap<String, BTreeMap<String, String>>,
 ) -> Result<Admitted> {
     let object = &doc.value;
-    let bad = |message: String| Error::Input {
-        origin: doc.origin.clone(),
-        message,
-    };
+    let bad = |message: String| Error::input(doc.origin.clone(), message);
     let api_version = object
         .get("apiVersion")
         .and_then(Value::as_str)

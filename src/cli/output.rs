@@ -8,7 +8,7 @@ use crate::api;
 use crate::{Error, Result};
 
 pub fn yaml<T: Serialize>(value: &T) -> Result<String> {
-    serde_saphyr::to_string(value).map_err(|e| Error::Output(format!("cannot render YAML: {e}")))
+    serde_saphyr::to_string(value).map_err(|e| Error::output("YAML", e))
 }
 
 /// Multi-document YAML, each document starting with `---`.
@@ -22,7 +22,7 @@ pub fn yaml_documents<'a>(values: impl Iterator<Item = &'a Value>) -> Result<Str
 }
 
 pub fn json_pretty(value: &Value) -> Result<String> {
-    let mut text = serde_json::to_string_pretty(value).map_err(|e| Error::Output(e.to_string()))?;
+    let mut text = serde_json::to_string_pretty(value).map_err(|e| Error::output("JSON", e))?;
     text.push('\n');
     Ok(text)
 }

@@ -213,7 +213,7 @@ pub fn run(args: ServeArgs) -> crate::Result<()> {
         // until used.
         .thread_stack_size(THREAD_STACK_BYTES)
         .build()
-        .map_err(|e| Error::Serve(format!("cannot start the async runtime: {e}")))?;
+        .map_err(|e| Error::serve_from("cannot start the async runtime", e))?;
     runtime.block_on(serve(args))
 }
 
@@ -273,25 +273,25 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     let limits = args.limits();
     limits
         .validate()
-        .map_err(|e| Error::Serve(format!("invalid limits: {e}")))?;
+        .map_err(|e| Error::serve_from("invalid limits", e))?;
     validate_rule_limits(&args.rule_limits())
-        .map_err(|e| Error::Serve(format!("invalid limits: {e}")))?;
+        .map_err(|e| Error::serve_from("invalid limits", e))?;
     // The ports first, before anything is written to the cluster: with a port taken, serve
     // stops here, and no Secret, Lease or webhook configuration points at another process.
     let webhook_listener = listen(args.listen, "--listen").await?;
     let ops_listener = listen(args.ops_listen, "--ops-listen").await?;
     let webhook_listener = webhook_listener.into_std().map_err(|e| {
-        Error::Serve(format!(
-            "cannot use the listener on {} (--listen): {e}",
-            args.listen
-        ))
+        Error::serve_from(
+            format!("cannot use the listener on {} (--listen)", args.listen),
+            e,
+        )
     })?;
 
     let client = kube::Client::try_default().await.map_err(|e| {
-        Error::Serve(format!(
-            "cannot reach the Kubernetes API (KUBECONFIG or in-cluster config): {}",
-            cause_chain(&e)
-        ))
+        Error::serve_from(
+            "cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)",
+            e,
+        )
     })?;
     let endpoint = match &args.webhook_url {
         Some(url) => WebhookEndpoint::Url(url.clone()),
@@ -320,7 +320,7 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
             refresh_interval: Duration::from_secs(60),
         },
     };
-    let controller_error = |e: controller::ControllerError| Error::Serve(cause_chain(&e));
+    let controller_error = |e: controller::ControllerError| Error::serve(cause_chain(&e));
     config.validate().map_err(controller_error)?;
     let tls = controller::tls(&client, &config)
         .await
@@ -395,7 +395,7 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     }
     match failure {
         None => Ok(()),
-        Some(message) => Err(Error::Serve(message)),
+        Some(message) => Err(Error::serve(message)),
     }
 }
 
@@ -416,7 +416,8 @@ async fn listen(addr: SocketAddr, flag: &str) -> crate::Result<tokio::net::TcpLi
             }
             _ => format!("choose another address with {flag}"),
         };
-        Error::Serve(format!("cannot listen on {addr} ({flag}): {e}; {hint}"))
+        // The cause sits inside the sentence, before the advice; `report` does not repeat it.
+        Error::serve_from(format!("cannot listen on {addr} ({flag}): {e}; {hint}"), e)
     })
 }
 

@@ -76,21 +76,22 @@ pub fn run(paths: &[PathBuf], out: &mut dyn Write) -> Result<()> {
         } else if path.exists() {
             files.push(path.clone());
         } else {
-            return Err(Error::Input {
-                origin: path.display().to_string(),
-                message: "no such file or directory".into(),
-            });
+            return Err(Error::input(
+                path.display().to_string(),
+                "no such file or directory",
+            ));
         }
     }
     if files.is_empty() {
-        return Err(Error::Input {
-            origin: paths
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            message: "no test files (named initium-test.yaml or *.initium-test.yaml) found".into(),
-        });
+        let origin = paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(Error::input(
+            origin,
+            "no test files (named initium-test.yaml or *.initium-test.yaml) found",
+        ));
     }
     let (mut passed, mut failed) = (0usize, 0usize);
     let mut report = String::new();
@@ -100,7 +101,11 @@ pub fn run(paths: &[PathBuf], out: &mut dyn Write) -> Result<()> {
         match run_file(file) {
             Err(e) => {
                 failed += 1;
-                report.push_str(&format!("FAIL {}: {}\n", clean(&file.display()), clean(&e)));
+                report.push_str(&format!(
+                    "FAIL {}: {}\n",
+                    clean(&file.display()),
+                    clean(&crate::report(&e))
+                ));
             }
             Ok(results) => {
                 for (name, problems) in results {
@@ -130,7 +135,7 @@ pub fn run(paths: &[PathBuf], out: &mut dyn Write) -> Result<()> {
     }
     report.push_str(&format!("{passed} passed, {failed} failed\n"));
     out.write_all(report.as_bytes())
-        .map_err(|e| Error::Output(e.to_string()))?;
+        .map_err(|e| Error::output("the test report", e))?;
     if failed > 0 {
         return Err(Error::TestsFailed {
             failed,
@@ -153,26 +158,22 @@ type CaseResults = Vec<(String, Vec<String>)>;
 
 fn run_file(file: &Path) -> Result<CaseResults> {
     let origin = file.display().to_string();
-    let text = std::fs::read_to_string(file).map_err(|e| Error::Input {
-        origin: origin.clone(),
-        message: e.to_string(),
-    })?;
-    let value: Value = serde_saphyr::from_str(&text).map_err(|e| Error::Input {
-        origin: origin.clone(),
-        message: format!("invalid YAML: {e}"),
-    })?;
-    let test: TestFile = serde_path_to_error::deserialize(&value).map_err(|e| Error::Input {
-        origin: origin.clone(),
-        message: format!("{}: {}", e.path(), e.inner()),
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| Error::input_from(origin.clone(), "cannot read", e))?;
+    let value: Value = serde_saphyr::from_str(&text)
+        .map_err(|e| Error::input_from(origin.clone(), "invalid YAML", e))?;
+    let test: TestFile = serde_path_to_error::deserialize(&value).map_err(|e| {
+        let at = e.path().to_string();
+        Error::input_from(origin.clone(), at, e.into_inner())
     })?;
     if test.api_version != crate::api::API_VERSION || test.kind != "RuleTest" {
-        return Err(Error::Input {
+        return Err(Error::input(
             origin,
-            message: format!(
+            format!(
                 "expected apiVersion {} and kind RuleTest",
                 crate::api::API_VERSION
             ),
-        });
+        ));
     }
     let _ = test.metadata;
     let base = file.parent().unwrap_or(Path::new("."));
@@ -193,8 +194,8 @@ fn load_sources(sources: &[Source], base: &Path, origin: &str) -> Result<Vec<Doc
         match source {
             Source::File(path) => docs.extend(read_documents(&[base.join(path)])?),
             Source::Inline(value) => {
-                let text =
-                    serde_json::to_string(value).map_err(|e| Error::Output(e.to_string()))?;
+                let text = serde_json::to_string(value)
+                    .map_err(|e| Error::output("a test value as JSON", e))?;
                 docs.extend(parse_documents(
                     &format!("{origin} inline object {i}"),
                     &text,
