@@ -3,6 +3,7 @@
 //! Readers never wait: the rule index and the namespace labels are swapped whole
 //! (`ArcSwap`), so a request sees one consistent index from start to end.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -106,12 +107,12 @@ impl LabelView {
         std::ptr::eq(self.index.as_ptr(), Arc::as_ptr(index))
     }
 
-    /// `kind` if a Ready rule names it exactly, else `other`.
-    pub(crate) fn kind<'a>(&self, kind: &'a str) -> &'a str {
+    /// The metric label of `kind`: itself if a Ready rule names it exactly, else `other`.
+    pub(crate) fn kind(&self, kind: &str) -> Cow<'static, str> {
         if self.kinds.contains(kind) {
-            kind
+            Cow::Owned(kind.to_string())
         } else {
-            "other"
+            Cow::Borrowed("other")
         }
     }
 }

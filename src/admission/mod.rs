@@ -7,6 +7,7 @@
 pub(crate) mod limits;
 mod mutate;
 mod review;
+mod telemetry;
 mod validate;
 
 use std::net::SocketAddr;
@@ -24,13 +25,15 @@ use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use futures::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::metrics::AdmissionLabels;
+use tracing::{Instrument as _, Span};
+
 use crate::state::Shared;
 
 pub use limits::Limits;
 pub use review::WARNING_MAX_CHARS;
 
 use limits::{ConnectionLimit, Reservation};
+use telemetry::Record;
 
 /// Default largest AdmissionReview accepted (413 above; `--max-body-bytes`). The API server
 /// caps an object at 3 MiB and an UPDATE review carries two of them; 8 MiB leaves room without
@@ -141,96 +144,161 @@ pub(crate) enum Reply {
     Review(Vec<u8>),
     /// 400: the body is not an AdmissionReview.
     BadRequest(String),
-    /// 500: initium could not answer; the API server applies the webhook's failurePolicy.
-    Internal(String),
+    /// 408: the body did not arrive in time; the connection is closed.
+    TimedOut(String),
     /// 413: the review is too large to parse.
     TooLarge(String),
+    /// 500: initium could not answer; the API server applies the webhook's failurePolicy.
+    Internal(String),
     /// 503: initium is at a limit; the API server applies the webhook's failurePolicy, a
     /// client may retry.
     Busy(String),
 }
 
-impl IntoResponse for Reply {
-    fn into_response(self) -> Response {
+impl Reply {
+    fn status(&self) -> StatusCode {
         match self {
-            Reply::Review(json) => {
-                ([(header::CONTENT_TYPE, "application/json")], json).into_response()
-            }
-            Reply::BadRequest(message) => (StatusCode::BAD_REQUEST, message).into_response(),
-            Reply::Internal(message) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, message).into_response()
-            }
-            Reply::TooLarge(message) => (StatusCode::PAYLOAD_TOO_LARGE, message).into_response(),
-            Reply::Busy(message) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                [(header::RETRY_AFTER, "1")],
-                message,
-            )
-                .into_response(),
+            Reply::Review(_) => StatusCode::OK,
+            Reply::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Reply::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
+            Reply::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Reply::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Reply::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The sentence of an answer that is not a review.
+    fn error(&self) -> Option<&str> {
+        match self {
+            Reply::Review(_) => None,
+            Reply::BadRequest(message)
+            | Reply::TimedOut(message)
+            | Reply::TooLarge(message)
+            | Reply::Internal(message)
+            | Reply::Busy(message) => Some(message),
         }
     }
 }
 
-type Work = fn(&Shared, &[u8], Instant) -> Reply;
+impl IntoResponse for Reply {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        match self {
+            Reply::Review(json) => {
+                ([(header::CONTENT_TYPE, "application/json")], json).into_response()
+            }
+            Reply::Busy(message) => (status, [(header::RETRY_AFTER, "1")], message).into_response(),
+            Reply::BadRequest(message)
+            | Reply::TimedOut(message)
+            | Reply::TooLarge(message)
+            | Reply::Internal(message) => (status, message).into_response(),
+        }
+    }
+}
 
+/// The pure part of a webhook: the body in, the answer out, what happened in the record.
+type Work = fn(&Shared, &[u8], &mut Record) -> Reply;
+
+/// `POST /mutate`: one span and one record for the request, from arrival to answer.
 async fn mutate(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    let arrival = Instant::now();
-    let (body, reservation) = match read_body(&shared, "mutate", request, arrival).await {
-        Ok(body) => body,
-        Err(response) => return response,
+    let record = Record::new(Instant::now());
+    let answered = mutate_request(&shared, request, record)
+        .instrument(telemetry::span(MUTATE_PATH))
+        .await;
+    finish(&shared, answered)
+}
+
+/// `POST /validate`: as [`mutate`].
+async fn validate(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let record = Record::new(Instant::now());
+    let answered = validate_request(&shared, request, record)
+        .instrument(telemetry::span(VALIDATE_PATH))
+        .await;
+    finish(&shared, answered)
+}
+
+/// Where every request ends: its record goes to `/metrics` (once, whichever way it ended) and
+/// its answer says how long it took.
+fn finish(shared: &Shared, (reply, record): (Reply, Record)) -> Response {
+    let response = reply.into_response();
+    let elapsed = record.commit(&shared.metrics);
+    with_server_timing(response, elapsed)
+}
+
+async fn mutate_request(
+    shared: &Arc<Shared>,
+    request: Request,
+    mut record: Record,
+) -> (Reply, Record) {
+    let (body, reservation) = match read_body(shared, request).await {
+        Ok(read) => read,
+        Err(reply) => return (reply, record),
     };
     // Parsing and evaluating a Pod takes tens of microseconds, less than handing it to another
     // thread, so small reviews run right here. Above `inline_body_limit` the work grows with the
     // object and would hold up other requests on this worker: it goes to the blocking pool, a
     // few at a time (`--max-blocking-reviews`).
-    let response = if body.len() <= shared.config.inline_body_limit {
-        mutate::admit(&shared, &body, arrival).into_response()
-    } else {
-        let turns = shared.blocking_reviews.clone();
-        match turn(&shared, turns, arrival).await {
-            Some(turn) => blocking(shared, body, reservation, turn, arrival, mutate::admit).await,
-            None => {
-                let limit = shared.config.limits.max_blocking_reviews;
-                let message = format!(
-                    "initium is busy: {limit} large AdmissionReviews are being evaluated \
-                     (--max-blocking-reviews) and this one waited its whole latency budget; \
-                     the API server applies the webhook's failure policy, a client may retry"
-                );
-                tracing::warn!(webhook = "mutate", bytes = body.len(), "{message}");
-                observe(&shared, "unknown", "unknown", "error", arrival);
-                Reply::Busy(message).into_response()
-            }
+    if body.len() <= shared.config.inline_body_limit {
+        let reply = mutate::admit(shared, &body, &mut record);
+        return (reply, record);
+    }
+    let turns = shared.blocking_reviews.clone();
+    match turn(shared, turns, record.arrival()).await {
+        Some(turn) => {
+            blocking(
+                shared.clone(),
+                body,
+                reservation,
+                turn,
+                record,
+                mutate::admit,
+            )
+            .await
         }
-    };
-    with_server_timing(response, arrival)
+        None => {
+            let limit = shared.config.limits.max_blocking_reviews;
+            let message = format!(
+                "initium is busy: {limit} large AdmissionReviews are being evaluated \
+                 (--max-blocking-reviews) and this one waited its whole latency budget; \
+                 the API server applies the webhook's failure policy, a client may retry"
+            );
+            tracing::warn!(bytes = body.len(), "{message}");
+            (Reply::Busy(message), record)
+        }
+    }
 }
 
-async fn validate(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    let arrival = Instant::now();
-    let (body, reservation) = match read_body(&shared, "validate", request, arrival).await {
-        Ok(body) => body,
-        Err(response) => return response,
+async fn validate_request(
+    shared: &Arc<Shared>,
+    request: Request,
+    mut record: Record,
+) -> (Reply, Record) {
+    let (body, reservation) = match read_body(shared, request).await {
+        Ok(read) => read,
+        Err(reply) => return (reply, record),
     };
     // Compiling a rule builds its regexes, which can take milliseconds or more; rule changes
     // are rare, so they always go to the blocking pool, a few at a time
     // (`--max-concurrent-validations`), so that a flood of rules cannot take every thread
     // and all the memory.
     let turns = shared.validations.clone();
-    let response = match turn(&shared, turns, arrival).await {
+    match turn(shared, turns, record.arrival()).await {
         Some(turn) => {
             blocking(
-                shared,
+                shared.clone(),
                 body,
                 reservation,
                 turn,
-                arrival,
+                record,
                 validate::review_rule,
             )
             .await
         }
-        None => validate::busy(&shared, &body, arrival).into_response(),
-    };
-    with_server_timing(response, arrival)
+        None => {
+            let reply = validate::busy(shared, &body, &mut record);
+            (reply, record)
+        }
+    }
 }
 
 /// A turn on `turns`, waited for until the request's latency budget runs out.
@@ -250,53 +318,55 @@ async fn turn(
         .ok()
 }
 
-/// Runs `work` on the blocking pool, holding the request's bytes and its turn until it ends.
+/// Runs `work` on the blocking pool, in the request's span, holding the request's bytes and its
+/// turn until it ends.
 async fn blocking(
     shared: Arc<Shared>,
     body: Bytes,
     reservation: Reservation,
     turn: OwnedSemaphorePermit,
-    arrival: Instant,
+    mut record: Record,
     work: Work,
-) -> Response {
+) -> (Reply, Record) {
+    let arrival = record.arrival();
+    // A span does not follow work to another thread by itself.
+    let span = Span::current();
     let done = tokio::task::spawn_blocking(move || {
+        let _entered = span.enter();
         let max = shared.config.limits.max_json_values;
         let reply = if limits::json_values_within(&body, max) {
-            work(&shared, &body, arrival)
+            work(&shared, &body, &mut record)
         } else {
             let message = format!(
                 "the AdmissionReview has more than {max} JSON values (--max-json-values); \
                  no object the API server stores has that many"
             );
             tracing::warn!(bytes = body.len(), error = %message, "rejected an admission request");
-            observe(&shared, "unknown", "unknown", "error", arrival);
             Reply::TooLarge(message)
         };
         drop((turn, reservation));
-        reply
+        (reply, record)
     })
     .await;
-    match done {
-        Ok(reply) => reply.into_response(),
-        Err(e) => {
-            // Only a panic gets here (the blocking pool is never cancelled): logged with its
-            // message, answered with a sentence.
-            tracing::error!(error = %e, "admission work failed");
-            Reply::Internal(
-                "initium failed while answering this request (its log has the details); the \
-                 API server applies the webhook's failure policy"
-                    .into(),
-            )
-            .into_response()
-        }
-    }
+    done.unwrap_or_else(|e| {
+        // Only a panic gets here (the blocking pool is never cancelled): logged with its
+        // message, answered with a sentence, counted as an error (what the record knew went
+        // with the panic).
+        tracing::error!(error = %e, "admission work failed");
+        let reply = Reply::Internal(
+            "initium failed while answering this request (its log has the details); the API \
+             server applies the webhook's failure policy"
+                .into(),
+        );
+        (reply, Record::new(arrival))
+    })
 }
 
 /// Adds `Server-Timing: admission;dur=<ms>`: the time from the request's arrival to its answer
 /// (reading the body, parsing, rules, patch, writing the AdmissionReview), to the microsecond.
 /// The API server ignores it; `curl -v` and the webhook benchmark read it.
-fn with_server_timing(mut response: Response, arrival: Instant) -> Response {
-    let micros = arrival.elapsed().as_micros();
+fn with_server_timing(mut response: Response, elapsed: Duration) -> Response {
+    let micros = elapsed.as_micros();
     let value = format!("admission;dur={}.{:03}", micros / 1000, micros % 1000);
     if let Ok(value) = header::HeaderValue::from_str(&value) {
         response
@@ -306,47 +376,35 @@ fn with_server_timing(mut response: Response, arrival: Instant) -> Response {
     response
 }
 
-/// The whole body and the bytes it holds of `--max-inflight-bytes`, or the error response:
-/// 413 above `--max-body-bytes`, 503 over `--max-inflight-bytes`, 408 when it does not arrive
-/// within `--body-read-timeout`, 400 when it cannot be read.
-async fn read_body(
-    shared: &Shared,
-    webhook: &'static str,
-    request: Request,
-    arrival: Instant,
-) -> Result<(Bytes, Reservation), Response> {
+/// The whole body and the bytes it holds of `--max-inflight-bytes`, or the answer: 413 above
+/// `--max-body-bytes`, 503 over `--max-inflight-bytes`, 408 when it does not arrive within
+/// `--body-read-timeout`, 400 when it cannot be read.
+async fn read_body(shared: &Shared, request: Request) -> Result<(Bytes, Reservation), Reply> {
     let limits = &shared.config.limits;
     let max = limits.max_body_bytes;
     let too_large = || {
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the AdmissionReview is larger than {max} bytes (--max-body-bytes); the API \
-                 server never sends one that large"
-            ),
-        )
+        Reply::TooLarge(format!(
+            "the AdmissionReview is larger than {max} bytes (--max-body-bytes); the API server \
+             never sends one that large"
+        ))
     };
     let busy = || {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "initium is busy: the request bodies being read take {} of their {} bytes \
-                 (--max-inflight-bytes); retry in a moment",
-                shared.inflight.used(),
-                shared.inflight.limit()
-            ),
-        )
+        Reply::Busy(format!(
+            "initium is busy: the request bodies being read take {} of their {} bytes \
+             (--max-inflight-bytes); retry in a moment",
+            shared.inflight.used(),
+            shared.inflight.limit()
+        ))
     };
-    let rejected = |(status, message): (StatusCode, String)| {
-        tracing::warn!(webhook, status = status.as_u16(), error = %message, "rejected an admission request");
-        observe(shared, "unknown", "unknown", "error", arrival);
-        let mut response = (status, message).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    let rejected = |reply: Reply| {
+        if let Some(message) = reply.error() {
+            tracing::warn!(
+                status = reply.status().as_u16(),
+                error = %message,
+                "rejected an admission request"
+            );
         }
-        response
+        reply
     };
 
     let declared = request
@@ -371,20 +429,16 @@ async fn read_body(
             Ok(Some(Ok(chunk))) => chunk,
             Ok(None) => break,
             Ok(Some(Err(e))) => {
-                return Err(rejected((
-                    StatusCode::BAD_REQUEST,
-                    format!("cannot read the request body: {e}"),
-                )));
+                return Err(rejected(Reply::BadRequest(format!(
+                    "cannot read the request body: {e}"
+                ))));
             }
             Err(_) => {
-                return Err(rejected((
-                    StatusCode::REQUEST_TIMEOUT,
-                    format!(
-                        "the request body did not arrive within {:?} (--body-read-timeout); \
-                         the connection is closed",
-                        limits.body_read_timeout
-                    ),
-                )));
+                return Err(rejected(Reply::TimedOut(format!(
+                    "the request body did not arrive within {:?} (--body-read-timeout); the \
+                     connection is closed",
+                    limits.body_read_timeout
+                ))));
             }
         };
         let total = body.len() + chunk.len();
@@ -399,43 +453,10 @@ async fn read_body(
     Ok((Bytes::from(body), reservation))
 }
 
-/// Records the request's duration, from its arrival, and returns it (for the log).
-fn observe(
-    shared: &Shared,
-    kind: &str,
-    operation: &str,
-    result: &'static str,
-    arrival: Instant,
-) -> Duration {
-    let elapsed = arrival.elapsed();
-    shared
-        .metrics
-        .admission_duration
-        .get_or_create(&AdmissionLabels {
-            kind: kind.to_string(),
-            operation: operation_label(operation).to_string(),
-            result: result.to_string(),
-        })
-        .observe(elapsed.as_secs_f64());
-    elapsed
-}
-
 fn answer(response: &review::AdmissionResponse) -> Reply {
     match response.to_review_json() {
         Ok(json) => Reply::Review(json),
         Err(e) => Reply::Internal(format!("cannot write the AdmissionReview response: {e}")),
-    }
-}
-
-/// Metric label for an operation: one of the four Kubernetes knows, so a client cannot grow the
-/// label set.
-fn operation_label(operation: &str) -> &'static str {
-    match operation {
-        "CREATE" => "CREATE",
-        "UPDATE" => "UPDATE",
-        "DELETE" => "DELETE",
-        "CONNECT" => "CONNECT",
-        _ => "unknown",
     }
 }
 

@@ -1,55 +1,46 @@
 //! `POST /mutate`: the pending slot of DESIGN.md §1. Every matching rule runs on the object
 //! and the answer is one JSON patch; a `failurePolicy: Fail` rule that cannot run rejects it.
 
-use std::time::{Duration, Instant};
-
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
 use serde_json::Value;
 
 use crate::engine::{Denial, Gvk, Outcome, RuleId, Subject};
-use crate::state::{LabelView, Shared};
+use crate::state::Shared;
 
 use super::review::{self, AdmissionRequest, AdmissionResponse};
-use super::{Reply, answer, observe};
+use super::telemetry::{self, Record, Verdict};
+use super::{Reply, answer};
 
-/// Parses the review, runs the engine and writes the answer. Pure CPU work: the caller decides
-/// whether it runs on the async runtime or on the blocking pool.
-pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
+/// Parses the review, runs the engine and writes the answer; what happened goes in `record`.
+/// Pure CPU work: the caller decides whether it runs on the async runtime or on the blocking
+/// pool, in the request's span either way.
+pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply {
     let mut request = match review::parse(body) {
         Ok(request) => request,
         Err(message) => {
-            tracing::warn!(webhook = "mutate", error = %message, "rejected a malformed admission request");
-            observe(shared, "unknown", "unknown", "error", arrival);
+            tracing::warn!(error = %message, "rejected a malformed admission request");
             return Reply::BadRequest(message);
         }
     };
+    telemetry::describe(&request);
     let index = shared.rules.load_full();
     let labels = shared.labels(&index);
-    let kind = request.kind.kind.as_str();
+    record.identify(labels.kind(&request.kind.kind), &request.operation);
     if let Some(namespace) = excluded_namespace(shared, &request) {
         tracing::debug!(
-            uid = %request.uid,
-            kind,
-            operation = %request.operation,
-            namespace,
-            name = %request.display_name(),
+            excluded_namespace = namespace,
             "admitted without running rules: the namespace is excluded",
         );
-        return pass(shared, labels.kind(kind), &request, arrival);
+        return pass(&request, record);
     }
     let operation = match (request.operation(), request.subresource(), &request.object) {
         (Some(operation), None, Some(_)) => operation,
         (operation, subresource, _) => {
             tracing::debug!(
-                uid = %request.uid,
-                kind,
-                operation = %request.operation,
                 resource = %request.resource.resource,
                 subresource = subresource.unwrap_or(""),
-                namespace = request.namespace().unwrap_or(""),
-                name = %request.display_name(),
                 "admitted without running rules: {}",
                 match (operation, subresource) {
                     (None, _) => "not a CREATE or UPDATE",
@@ -57,12 +48,9 @@ pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
                     _ => "the request has no object",
                 },
             );
-            return pass(shared, labels.kind(kind), &request, arrival);
+            return pass(&request, record);
         }
     };
-    // Logs name the object even when the engine keeps it (on a denial) or the API server has
-    // not picked its name yet.
-    let name = request.display_name();
     let object = request.object.take().unwrap_or_default();
 
     let gvk = Gvk::new(
@@ -78,135 +66,83 @@ pub(super) fn admit(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
         name: request.name(),
         namespace_labels: request.namespace().and_then(|ns| namespaces.get(ns)),
     };
-    let deadline = arrival.checked_add(shared.config.budget);
-    let result = index.evaluate_with(&subject, object, deadline, &shared.config.rule_limits);
-
-    let admitted = Admitted {
-        request: &request,
-        gvk: &gvk,
-        name: &name,
-        arrival,
-        labels: &labels,
-    };
-    match result {
-        Ok(outcome) => admitted.mutated(shared, &outcome),
-        Err(denial) => admitted.denied(shared, &denial),
+    let deadline = record.arrival().checked_add(shared.config.budget);
+    match index.evaluate_with(&subject, object, deadline, &shared.config.rule_limits) {
+        Ok(outcome) => mutated(&request, outcome, record),
+        Err(denial) => denied(&request, denial, record),
     }
 }
 
-/// Allows the request unchanged without running rules, and records it.
-fn pass(shared: &Shared, kind: &str, request: &AdmissionRequest, arrival: Instant) -> Reply {
-    observe(shared, kind, &request.operation, "unchanged", arrival);
+/// Allows the request unchanged without running rules.
+fn pass(request: &AdmissionRequest, record: &mut Record) -> Reply {
+    record.verdict(Verdict::Unchanged);
     answer(&AdmissionResponse::allow(&request.uid))
 }
 
-/// An evaluated request, for the answer, the metrics and the log.
-struct Admitted<'a> {
-    request: &'a AdmissionRequest,
-    gvk: &'a Gvk,
-    name: &'a str,
-    arrival: Instant,
-    labels: &'a LabelView,
+/// Allows the request with the rules' patch (if they changed anything) and their warnings.
+fn mutated(request: &AdmissionRequest, mut outcome: Outcome, record: &mut Record) -> Reply {
+    let reply = allow(request, &outcome, record);
+    // Taken, not copied: the answer is written.
+    record.rules_ran(
+        std::mem::take(&mut outcome.applied),
+        std::mem::take(&mut outcome.skipped),
+        outcome.budget_exceeded,
+    );
+    reply
 }
 
-impl Admitted<'_> {
-    fn mutated(&self, shared: &Shared, outcome: &Outcome) -> Reply {
-        let request = self.request;
-        let metrics = &shared.metrics;
-        for rule in &outcome.applied {
-            metrics.rule_applied.inc(&rule.to_string());
+fn allow(request: &AdmissionRequest, outcome: &Outcome, record: &mut Record) -> Reply {
+    let mut response = AdmissionResponse::allow(&request.uid);
+    if !outcome.ops.is_empty() {
+        let mut patch = Vec::new();
+        if let Err(e) = outcome.write_patch(&mut patch) {
+            let message = format!("cannot write the JSON patch: {e}");
+            tracing::error!(error = %message, "admission failed");
+            record.verdict(Verdict::Error);
+            return Reply::Internal(message);
         }
-        for rule in &outcome.skipped {
-            metrics.rule_errors.inc(&rule.to_string());
-        }
-        if outcome.budget_exceeded {
-            metrics.budget_overruns.inc();
-        }
-        let mut response = AdmissionResponse::allow(&request.uid);
-        if !outcome.ops.is_empty() {
-            let mut patch = Vec::new();
-            if let Err(e) = outcome.write_patch(&mut patch) {
-                let message = format!("cannot write the JSON patch: {e}");
-                tracing::error!(uid = %request.uid, kind = %self.gvk, name = self.name, error = %message, "admission failed");
-                self.observe(shared, "error");
-                return Reply::Internal(message);
-            }
-            response.patch_type = Some("JSONPatch");
-            response.patch = Some(STANDARD.encode(&patch));
-        }
-        response.warnings = review::client_warnings(&outcome.warnings);
-
-        let elapsed = self.observe(
-            shared,
-            if response.patch.is_some() {
-                "mutated"
-            } else {
-                "unchanged"
-            },
-        );
-        if !outcome.skipped.is_empty() {
-            tracing::warn!(
-                uid = %request.uid,
-                kind = %self.gvk,
-                namespace = request.namespace().unwrap_or(""),
-                name = self.name,
-                skipped = %join(&outcome.skipped),
-                budget_exceeded = outcome.budget_exceeded,
-                warnings = ?outcome.warnings,
-                "rules skipped (failurePolicy Ignore)",
-            );
-        }
-        tracing::debug!(
-            uid = %request.uid,
-            kind = %self.gvk,
-            operation = %request.operation,
-            namespace = request.namespace().unwrap_or(""),
-            name = self.name,
-            dry_run = request.is_dry_run(),
-            applied = %join(&outcome.applied),
-            patch_ops = outcome.ops.len(),
-            duration_us = elapsed.as_micros() as u64,
-            "admitted",
-        );
-        answer(&response)
+        response.patch_type = Some("JSONPatch");
+        response.patch = Some(STANDARD.encode(&patch));
     }
+    response.warnings = review::client_warnings(&outcome.warnings);
+    record.verdict(if response.patch.is_some() {
+        Verdict::Mutated
+    } else {
+        Verdict::Unchanged
+    });
 
-    fn denied(&self, shared: &Shared, denial: &Denial) -> Reply {
-        let request = self.request;
-        let metrics = &shared.metrics;
-        metrics.rule_errors.inc(&denial.rule.to_string());
-        if denial.budget_exceeded {
-            metrics.budget_overruns.inc();
-        }
-        let elapsed = self.observe(shared, "denied");
-        tracing::info!(
-            uid = %request.uid,
-            kind = %self.gvk,
-            operation = %request.operation,
-            namespace = request.namespace().unwrap_or(""),
-            name = self.name,
-            dry_run = request.is_dry_run(),
-            rule = %denial.rule,
-            budget_exceeded = denial.budget_exceeded,
-            duration_us = elapsed.as_micros() as u64,
-            reason = %denial.message,
-            "denied",
+    if !outcome.skipped.is_empty() {
+        tracing::warn!(
+            skipped = %join(&outcome.skipped),
+            budget_exceeded = outcome.budget_exceeded,
+            warnings = ?outcome.warnings,
+            "rules skipped (failurePolicy Ignore)",
         );
-        answer(&AdmissionResponse::forbid(
-            &request.uid,
-            denial.message.clone(),
-        ))
     }
+    tracing::debug!(
+        dry_run = request.is_dry_run(),
+        applied = %join(&outcome.applied),
+        patch_ops = outcome.ops.len(),
+        duration_us = record.elapsed().as_micros() as u64,
+        "admitted",
+    );
+    answer(&response)
+}
 
-    fn observe(&self, shared: &Shared, result: &'static str) -> Duration {
-        observe(
-            shared,
-            self.labels.kind(&self.gvk.kind),
-            &self.request.operation,
-            result,
-            self.arrival,
-        )
-    }
+/// Rejects the request: a `failurePolicy: Fail` rule could not run.
+fn denied(request: &AdmissionRequest, denial: Denial, record: &mut Record) -> Reply {
+    record.verdict(Verdict::Denied);
+    tracing::info!(
+        dry_run = request.is_dry_run(),
+        rule = %denial.rule,
+        budget_exceeded = denial.budget_exceeded,
+        duration_us = record.elapsed().as_micros() as u64,
+        reason = %denial.message,
+        "denied",
+    );
+    let reply = answer(&AdmissionResponse::forbid(&request.uid, denial.message));
+    record.denied_by(denial.rule, denial.budget_exceeded);
+    reply
 }
 
 /// The excluded namespace the request is in, by any account: the review's namespace, the

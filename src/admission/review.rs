@@ -100,17 +100,24 @@ impl AdmissionRequest {
         self.dry_run.unwrap_or(false)
     }
 
-    /// For logs: the name, or `generateName*` before the API server has picked one.
-    pub fn display_name(&self) -> String {
-        if let Some(name) = self.name() {
-            return name.to_string();
-        }
+    /// `metadata.generateName` of the object: what the API server will name it after, on a
+    /// CREATE that has no name yet.
+    pub fn generate_name(&self) -> Option<&str> {
         self.object
             .as_ref()
             .and_then(|o| o.pointer("/metadata/generateName"))
             .and_then(Value::as_str)
-            .map(|g| format!("{g}*"))
-            .unwrap_or_default()
+            .filter(|g| !g.is_empty())
+    }
+}
+
+/// `group/version/Kind`, or `version/Kind` for the core group: `v1/Pod`, `apps/v1/Deployment`.
+impl std::fmt::Display for GroupVersionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.group.is_empty() {
+            write!(f, "{}/", self.group)?;
+        }
+        write!(f, "{}/{}", self.version, self.kind)
     }
 }
 

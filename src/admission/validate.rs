@@ -2,7 +2,7 @@
 //! rule is rejected at `kubectl apply` time with every problem and its field path (the CRD
 //! schema cannot say "this regex does not compile" or "this pointer is malformed").
 
-use std::time::Instant;
+use std::borrow::Cow;
 
 use serde_json::Value;
 
@@ -11,24 +11,31 @@ use crate::engine::{RuleErrors, compile_document};
 use crate::state::Shared;
 
 use super::review::{self, AdmissionResponse, StatusCause, StatusDetails};
-use super::{Reply, answer, observe};
+use super::telemetry::{self, Record, Verdict};
+use super::{Reply, answer};
 
-/// Parses the review and compiles the rule in it. The answer does not depend on `dryRun`:
-/// `kubectl apply --dry-run=server` shows the same errors as a real apply.
-pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
+/// Parses the review and compiles the rule in it; what happened goes in `record`. The answer
+/// does not depend on `dryRun`: `kubectl apply --dry-run=server` shows the same errors as a
+/// real apply.
+pub(super) fn review_rule(_shared: &Shared, body: &[u8], record: &mut Record) -> Reply {
     let mut request = match review::parse(body) {
         Ok(request) => request,
         Err(message) => {
-            tracing::warn!(webhook = "validate", error = %message, "rejected a malformed admission request");
-            observe(shared, "unknown", "unknown", "error", arrival);
+            tracing::warn!(error = %message, "rejected a malformed admission request");
             return Reply::BadRequest(message);
         }
     };
-    let kind = request.kind.kind.clone();
-    let is_rule = request.kind.group == GROUP
-        && matches!(kind.as_str(), "MutationRule" | "ClusterMutationRule");
+    telemetry::describe(&request);
     // Metric label: only the two rule kinds, whatever a client sends.
-    let kind_label = if is_rule { kind.as_str() } else { "other" };
+    let kind_label = match (request.kind.group.as_str(), request.kind.kind.as_str()) {
+        (GROUP, "MutationRule") => "MutationRule",
+        (GROUP, "ClusterMutationRule") => "ClusterMutationRule",
+        _ => "other",
+    };
+    let is_rule = kind_label != "other";
+    record.identify(Cow::Borrowed(kind_label), &request.operation);
+    // Every answer but an invalid rule's is "allowed, unchanged".
+    record.verdict(Verdict::Unchanged);
     let object = request.object.take();
     let object = match (request.operation(), request.subresource(), object) {
         (Some(_), None, Some(object)) if is_rule => object,
@@ -37,21 +44,14 @@ pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Rep
                 // A webhook configuration that sends other kinds here is a mistake; rejecting
                 // them would block the cluster, so they pass and the log says so.
                 tracing::warn!(
-                    uid = %request.uid,
-                    kind = %kind,
-                    group = %request.kind.group,
-                    "the validating webhook received an object that is not a rule; allowed",
+                    "the validating webhook received an object that is not a rule; allowed"
                 );
             } else {
                 tracing::debug!(
-                    uid = %request.uid,
-                    kind = %kind,
-                    operation = %request.operation,
                     subresource = subresource.unwrap_or(""),
                     "rule request allowed without compiling (DELETE, subresource or no object)",
                 );
             }
-            observe(shared, kind_label, &request.operation, "unchanged", arrival);
             return answer(&AdmissionResponse::allow(&request.uid));
         }
     };
@@ -68,8 +68,7 @@ pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Rep
             None
         };
         if let Some(why) = unchanged {
-            tracing::debug!(uid = %request.uid, kind = %kind, "rule update allowed without compiling: {why}");
-            observe(shared, kind_label, &request.operation, "unchanged", arrival);
+            tracing::debug!("rule update allowed without compiling: {why}");
             return answer(&AdmissionResponse::allow(&request.uid));
         }
     }
@@ -85,23 +84,22 @@ pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Rep
         .to_string();
     match compile_document(&object, namespace) {
         Ok(rule) => {
-            observe(shared, kind_label, &request.operation, "unchanged", arrival);
-            tracing::debug!(uid = %request.uid, rule = %rule.id.describe(), dry_run = request.is_dry_run(), "rule is valid");
+            tracing::debug!(
+                rule = %rule.id.describe(),
+                dry_run = request.is_dry_run(),
+                "rule is valid",
+            );
             answer(&AdmissionResponse::allow(&request.uid))
         }
         Err(errors) => {
-            observe(shared, kind_label, &request.operation, "denied", arrival);
+            record.verdict(Verdict::Denied);
             tracing::info!(
-                uid = %request.uid,
-                kind = %kind,
-                namespace = request.namespace().unwrap_or(""),
-                name = %name,
                 dry_run = request.is_dry_run(),
                 errors = errors.errors.len(),
                 reason = %errors,
                 "rejected an invalid rule",
             );
-            answer(&invalid(&request.uid, &kind, name, &errors))
+            answer(&invalid(&request.uid, &request.kind.kind, name, &errors))
         }
     }
 }
@@ -109,19 +107,19 @@ pub(super) fn review_rule(shared: &Shared, body: &[u8], arrival: Instant) -> Rep
 /// The answer when every turn to compile was taken for the whole latency budget
 /// (`--max-concurrent-validations`): the rule is denied with `429` and a sentence that says to
 /// retry; kubectl prints it. Reading the uid alone skips the object without building it.
-pub(super) fn busy(shared: &Shared, body: &[u8], arrival: Instant) -> Reply {
+pub(super) fn busy(shared: &Shared, body: &[u8], record: &mut Record) -> Reply {
     let Some(uid) = review::uid(body) else {
-        let message = "not an AdmissionReview with a request.uid".to_string();
-        observe(shared, "unknown", "unknown", "error", arrival);
-        return Reply::BadRequest(message);
+        return Reply::BadRequest("not an AdmissionReview with a request.uid".to_string());
     };
+    tracing::Span::current().record("request_uid", uid.as_str());
+    // The kind is not read: counted as `other`, an error (the rule was not checked).
+    record.identify(Cow::Borrowed("other"), "unknown");
     let limit = shared.config.limits.max_concurrent_validations;
     let message = format!(
         "initium is busy checking other rules ({limit} at a time, --max-concurrent-validations); \
          the rule was not checked: retry in a moment"
     );
-    tracing::warn!(webhook = "validate", uid = %uid, "{message}");
-    observe(shared, "other", "unknown", "error", arrival);
+    tracing::warn!("{message}");
     answer(&AdmissionResponse::too_many_requests(&uid, message))
 }
 
