@@ -144,11 +144,18 @@ mod tests {
         let error = Error::input_from("rules.yaml", "cannot read", io);
         assert_eq!(report(&error), "rules.yaml: cannot read: no such file");
         let source = std::error::Error::source(&error).map(ToString::to_string);
-        assert_eq!(source.as_deref(), Some("no such file"), "the cause stays reachable");
+        assert_eq!(
+            source.as_deref(),
+            Some("no such file"),
+            "the cause stays reachable"
+        );
 
         // A message that already quotes its cause does not repeat it.
         let io = std::io::Error::new(std::io::ErrorKind::AddrInUse, "address in use");
         let error = Error::serve_from(format!("cannot listen on :8443: {io}; stop it"), io);
-        assert_eq!(report(&error), "cannot listen on :8443: address in use; stop it");
+        assert_eq!(
+            report(&error),
+            "cannot listen on :8443: address in use; stop it"
+        );
     }
 }

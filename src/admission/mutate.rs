@@ -24,7 +24,8 @@ pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply 
             return Reply::BadRequest(message);
         }
     };
-    telemetry::describe(&request);
+    let span = telemetry::request_span(&request);
+    let _entered = span.enter();
     let index = shared.rules.load_full();
     let labels = shared.labels(&index);
     record.identify(labels.kind(&request.kind.kind), &request.operation);

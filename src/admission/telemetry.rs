@@ -1,8 +1,9 @@
 //! What one admission request leaves behind: one span that every log line of the request sits
 //! in, and one sample in `/metrics`, written when the request ends, whichever way it ends.
 //!
-//! The handler opens both when the request arrives. The span is named by the webhook path until
-//! the review is parsed, then by the request ([`describe`]); the [`Record`] starts out as an
+//! The handler opens both when the request arrives. The span names the webhook path; once the
+//! review is parsed, a span of the request inside it ([`request_span`]) names the object; the
+//! [`Record`] starts out as an
 //! error of unknown kind (what every request that ends before its review is read counts as) and
 //! the handlers fill it in. [`Record::commit`] is the only place admission touches the metrics.
 
@@ -11,66 +12,34 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use tracing::Span;
-use tracing::field::{Empty, Value};
 
 use crate::engine::RuleId;
 use crate::metrics::{AdmissionLabels, Metrics};
 
 use super::review::AdmissionRequest;
 
-/// The span of one request to `webhook` (a path, `/mutate`). Opened at INFO so that the
-/// warnings and denials logged at the default level carry it; its other fields are filled in by
-/// [`describe`] once the review is parsed.
+/// The span of one request to `webhook` (a path, `/mutate`), opened when it arrives: what is
+/// logged before its review is parsed (a body too large, too slow, not JSON) carries the path.
+/// Opened at INFO so that the warnings and denials logged at the default level carry it.
 pub(super) fn span(webhook: &'static str) -> Span {
-    tracing::info_span!(
-        "admission",
-        webhook,
-        request_uid = Empty,
-        kind = Empty,
-        operation = Empty,
-        namespace = Empty,
-        name = Empty,
-    )
+    tracing::info_span!("admission", webhook)
 }
 
-/// Names the request in the current span (the request's, inline or on the blocking pool): its
-/// uid, kind, operation, namespace and name (or `generateName*`).
-pub(super) fn describe(request: &AdmissionRequest) {
-    let span = Span::current();
-    let Some(metadata) = span.metadata() else {
-        return;
-    };
-    let fields = metadata.fields();
-    let (Some(uid), Some(kind), Some(operation), Some(namespace), Some(name)) = (
-        fields.field("request_uid"),
-        fields.field("kind"),
-        fields.field("operation"),
-        fields.field("namespace"),
-        fields.field("name"),
-    ) else {
-        // Another span is current: nothing of ours to fill in.
-        return;
-    };
-    let kind_value = tracing::field::display(&request.kind);
-    let name_value = tracing::field::display(Name(request));
-    let namespace_value = request.namespace();
-    // All fields in one record: the JSON log parses and writes a span's fields again on every
-    // record, so five `Span::record`s would add about 2 µs to a path that takes twenty.
-    // `record_all` and `value_set` are `#[doc(hidden)]` in tracing (`Span::record` and the
-    // span macros are made of them); Cargo.lock pins them, and a change fails to compile.
-    span.record_all(&fields.value_set(&[
-        (&uid, Some(&request.uid.as_str() as &dyn Value)),
-        (&kind, Some(&kind_value as &dyn Value)),
-        (&operation, Some(&request.operation.as_str() as &dyn Value)),
-        (
-            &namespace,
-            namespace_value.as_ref().map(|ns| ns as &dyn Value),
-        ),
-        (
-            &name,
-            Name(request).is_some().then_some(&name_value as &dyn Value),
-        ),
-    ]));
+/// The span of the parsed review, inside [`span`]: its uid, kind, operation, namespace and name
+/// (or `generateName*`). Every line the engine's work logs is in it, inline or on the blocking
+/// pool. A span of its own rather than fields recorded later into [`span`]: the JSON log
+/// writes a span's fields again on every record, and all fields at creation cost one write.
+pub(super) fn request_span(request: &AdmissionRequest) -> Span {
+    let name = Name(request);
+    let name = name.is_some().then(|| tracing::field::display(name));
+    tracing::info_span!(
+        "request",
+        request_uid = request.uid.as_str(),
+        kind = %request.kind,
+        operation = request.operation.as_str(),
+        namespace = request.namespace(),
+        name,
+    )
 }
 
 /// The request's name, or `generateName*` before the API server has picked one; written

@@ -25,7 +25,8 @@ pub(super) fn review_rule(_shared: &Shared, body: &[u8], record: &mut Record) ->
             return Reply::BadRequest(message);
         }
     };
-    telemetry::describe(&request);
+    let span = telemetry::request_span(&request);
+    let _entered = span.enter();
     // Metric label: only the two rule kinds, whatever a client sends.
     let kind_label = match (request.kind.group.as_str(), request.kind.kind.as_str()) {
         (GROUP, "MutationRule") => "MutationRule",
