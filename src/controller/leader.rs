@@ -103,6 +103,8 @@ fn random_suffix() -> String {
 pub(crate) struct Lease {
     client: Client,
     settings: LeaseSettings,
+    /// Chosen once: a restarted duty gets back the Lease it may still hold.
+    identity: String,
     namespace: String,
     /// Whether this replica leads, for the writers.
     leading: watch::Sender<bool>,
@@ -120,6 +122,7 @@ impl Lease {
         Lease {
             client,
             settings: config.lease.clone(),
+            identity: config.lease.identity(),
             namespace: config.namespace.clone(),
             leading,
             gauge,
@@ -145,7 +148,7 @@ impl Duty for Lease {
         settings.validate()?;
         // A restart begins as a follower: whatever was published before is stale.
         self.set_leading(false);
-        let identity = settings.identity();
+        let identity = &self.identity;
         let namespace = &self.namespace;
         let lease = format!("{namespace}/{}", settings.name);
         tracing::info!(%lease, %identity, "joining the leader election");
