@@ -1,7 +1,9 @@
 //! initium: a declarative initializer for Kubernetes.
 //!
 //! `engine` is pure: rules in, compiled index; object in, mutated object + patch + report out.
-//! `api` holds the CRD types; `cli` is the offline adapter around the engine.
+//! `api` holds the CRD types. The adapters around the engine: `admission` (the HTTPS webhook),
+//! `controller` (the duties that talk to the API server), `tls` (the serving certificate) and
+//! `cli` (the commands, offline ones included).
 
 pub mod admission;
 pub mod api;
@@ -11,6 +13,7 @@ pub mod engine;
 pub mod metrics;
 pub mod ops;
 pub mod state;
+pub mod tls;
 
 use engine::RuleErrors;
 

@@ -140,6 +140,19 @@ pub struct Metrics {
     pub rules: Family<StateLabels, Gauge>,
     /// 1 while this replica holds the writer Lease.
     pub leader: Gauge,
+    // Controller duties and the serving certificate.
+    /// Failures of a controller duty (a failed write, watch or read, or the duty itself).
+    pub duty_failures: Family<DutyLabels, Counter>,
+    /// Times the supervisor started a controller duty again after it failed.
+    pub duty_restarts: Family<DutyLabels, Counter>,
+    /// When the serving certificate expires (its notAfter), in seconds since the Unix epoch.
+    pub certificate_expiry: Gauge,
+}
+
+/// The `duty` label: the name of a controller duty (a fixed set, see `controller::duty`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DutyLabels {
+    pub duty: String,
 }
 
 impl Default for Metrics {
@@ -180,6 +193,25 @@ impl Default for Metrics {
             "1 while this replica holds the writer Lease",
             leader.clone(),
         );
+        // Controller duties and the serving certificate.
+        let duty_failures = Family::<DutyLabels, Counter>::default();
+        let duty_restarts = Family::<DutyLabels, Counter>::default();
+        let certificate_expiry = Gauge::default();
+        registry.register(
+            "duty_failures",
+            "Failures of a controller duty (retried, or restarted by the supervisor)",
+            duty_failures.clone(),
+        );
+        registry.register(
+            "duty_restarts",
+            "Restarts of a controller duty after it failed",
+            duty_restarts.clone(),
+        );
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "When the serving certificate expires (notAfter), in seconds since the Unix epoch",
+            certificate_expiry.clone(),
+        );
         Metrics {
             registry,
             admission_duration,
@@ -188,6 +220,9 @@ impl Default for Metrics {
             budget_overruns,
             rules,
             leader,
+            duty_failures,
+            duty_restarts,
+            certificate_expiry,
         }
     }
 }
@@ -199,6 +234,20 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut text, &self.registry);
         text
+    }
+
+    /// The failure counter of `duty` (a handle: it counts in the registry).
+    pub fn duty_failures(&self, duty: &str) -> Counter {
+        self.duty_failures
+            .get_or_create(&DutyLabels { duty: duty.into() })
+            .clone()
+    }
+
+    /// The restart counter of `duty` (a handle: it counts in the registry).
+    pub fn duty_restarts(&self, duty: &str) -> Counter {
+        self.duty_restarts
+            .get_or_create(&DutyLabels { duty: duty.into() })
+            .clone()
     }
 
     pub fn set_rule_counts(&self, ready: i64, invalid: i64) {

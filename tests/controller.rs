@@ -21,6 +21,7 @@ use initium::controller::webhooks::{self, RuleNeeds};
 use initium::controller::{self, ControllerConfig, ControllerError, WebhookEndpoint, discovery};
 use initium::engine::{RuleId, compile};
 use initium::state::{AdmissionConfig, Shared};
+use initium::tls;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -135,17 +136,13 @@ struct Running {
 impl Running {
     async fn start(client: &kube::Client, config: ControllerConfig) -> Running {
         log();
-        let tls = controller::tls(client, &config)
+        let tls = tls::load(client, &config)
             .await
-            .unwrap_or_else(|e| panic!("controller::tls: {e}"));
+            .unwrap_or_else(|e| panic!("tls::load: {e}"));
         Running::start_with(client, config, tls)
     }
 
-    fn start_with(
-        client: &kube::Client,
-        config: ControllerConfig,
-        tls: controller::Tls,
-    ) -> Running {
+    fn start_with(client: &kube::Client, config: ControllerConfig, tls: tls::Tls) -> Running {
         let shared = Shared::new(AdmissionConfig::default());
         let (stop, stopped) = oneshot::channel::<()>();
         let ca_bundle = tls.ca_bundle();
@@ -887,10 +884,7 @@ async fn one_replica_writes_and_another_takes_over_when_it_stops() {
     );
 
     // Both start at the same moment: the Secret is created once, and both serve its CA.
-    let (tls_a, tls_b) = tokio::join!(
-        controller::tls(&client, &config_a),
-        controller::tls(&client, &config_b)
-    );
+    let (tls_a, tls_b) = tokio::join!(tls::load(&client, &config_a), tls::load(&client, &config_b));
     let (tls_a, tls_b) = (tls_a.expect("tls for a"), tls_b.expect("tls for b"));
     assert!(tls_a.ca_bundle().is_some());
     assert_eq!(
@@ -1084,7 +1078,7 @@ async fn a_lost_tls_secret_is_written_again_with_the_same_ca() {
     let name = unique("renew");
     cleanup.configurations.push(name.clone());
     let mut config = test_config(&home, &name);
-    config.tls = controller::TlsSource::SelfManaged {
+    config.tls = tls::TlsSource::SelfManaged {
         secret: "initium-tls".into(),
         refresh_interval: Duration::from_secs(1),
     };

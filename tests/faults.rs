@@ -1615,7 +1615,7 @@ async fn a_mutation_rule_changes_nothing_outside_its_namespace() {
 // 6d. the TLS Secret deleted, the CA rotated before expiry
 //
 // `initium serve` reads its TLS Secret every 60 s (fixed), so these tests run the same
-// wiring in-process (`controller::tls`, `admission::serve`, `controller::run`, as
+// wiring in-process (`tls::load`, `admission::serve`, `controller::run`, as
 // src/cli/serve.rs does) with a 1 s refresh. There is no flag or API to rotate the CA before
 // two thirds of its 10-year life: the test makes the leader believe that time has come by
 // rewriting the validity recorded in the Secret's `initium.dev/certificates` annotation (the
@@ -1634,8 +1634,9 @@ struct InProcess {
 
 impl InProcess {
     async fn start(client: &kube::Client, namespace: &str, name: &str) -> InProcess {
-        use initium::controller::{self, ControllerConfig, TlsSource, WebhookEndpoint};
+        use initium::controller::{self, ControllerConfig, WebhookEndpoint};
         use initium::state::{AdmissionConfig, Shared};
+        use initium::tls::{self, TlsSource};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
         listener.set_nonblocking(true).expect("non-blocking");
         let port = listener.local_addr().expect("an address").port();
@@ -1651,7 +1652,7 @@ impl InProcess {
             secret: "initium-tls".into(),
             refresh_interval: Duration::from_secs(1),
         };
-        let tls = controller::tls(client, &config)
+        let tls = tls::load(client, &config)
             .await
             .expect("the self-managed certificate");
         let shared = Shared::new(AdmissionConfig {

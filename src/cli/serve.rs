@@ -6,9 +6,10 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use crate::admission::Limits;
-use crate::controller::{self, CaBundleSource, ControllerConfig, TlsSource, WebhookEndpoint};
+use crate::controller::{self, ControllerConfig, WebhookEndpoint};
 use crate::engine::{Limits as RuleLimits, parse_duration};
 use crate::state::{AdmissionConfig, Shared};
+use crate::tls::{self, CaBundleSource, TlsSource};
 use crate::{Error, admission, ops};
 
 /// Flags of `initium serve`.
@@ -322,9 +323,9 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     };
     let controller_error = |e: controller::ControllerError| Error::serve(cause_chain(&e));
     config.validate().map_err(controller_error)?;
-    let tls = controller::tls(&client, &config)
+    let tls = tls::load(&client, &config)
         .await
-        .map_err(controller_error)?;
+        .map_err(|e| Error::Serve(cause_chain(&e)))?;
     let rustls = tls.rustls_config();
 
     let mut excluded_namespaces = vec![args.namespace.clone()];

@@ -13,13 +13,14 @@ use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::PartialObjectMeta;
 use kube::core::discovery::v2::APIGroupDiscoveryList;
-use kube::discovery::{Discovery, Scope};
+use kube::discovery::{self as api_discovery, Scope};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::Stop;
+use super::ControllerError;
+use super::duty::{Context, Duty};
 use crate::engine::{Gvk, KindPattern};
 
 /// One top-level resource the API server serves (subresources such as `pods/status` are
@@ -226,7 +227,7 @@ fn collect_aggregated(list: APIGroupDiscoveryList, out: &mut Vec<ServedResource>
 }
 
 async fn legacy(client: &Client) -> Result<Served, kube::Error> {
-    let discovery = Discovery::new(client.clone()).run().await?;
+    let discovery = api_discovery::Discovery::new(client.clone()).run().await?;
     let mut resources = Vec::new();
     for group in discovery.groups() {
         for version in group.versions() {
@@ -249,56 +250,77 @@ async fn legacy(client: &Client) -> Result<Served, kube::Error> {
 /// API server publishes a new kind shortly after the CRD is Established, not at once.
 const AFTER_CRD_CHANGE: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(5)];
 
-/// Keeps `served` current: reads discovery at start (retrying until it works), after
-/// CustomResourceDefinition changes, and every `interval`. Only changes are published.
-pub(crate) async fn run(
+/// First retry after discovery failed; the wait doubles up to [`RETRY_MAX`] (and never
+/// exceeds the discovery interval).
+const RETRY_FIRST: Duration = Duration::from_secs(2);
+const RETRY_MAX: Duration = Duration::from_secs(32);
+
+/// The `discovery` duty: keeps `served` current. Reads discovery at start (retrying until it
+/// works), after CustomResourceDefinition changes, and every `interval`. Only changes are
+/// published.
+pub(crate) struct Discovery {
     client: Client,
     interval: Duration,
     served: watch::Sender<Option<Arc<Served>>>,
-    mut stop: Stop,
-) -> Result<(), super::ControllerError> {
-    let crds = Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client.clone());
-    let mut crd_changes = watcher(crds, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    // The next periodic read, and earlier reads asked for by CRD changes or failures.
-    let mut periodic = Instant::now();
-    let mut soon: Vec<Instant> = Vec::new();
-    let mut failures = 0u32;
-    loop {
-        let next = soon.iter().copied().fold(periodic, Instant::min);
-        tokio::select! {
-            () = stop.wait() => return Ok(()),
-            event = crd_changes.next() => match event {
-                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => {
-                    let now = Instant::now();
-                    soon.extend(AFTER_CRD_CHANGE.iter().map(|d| now + *d));
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "watching CustomResourceDefinitions failed; retrying"),
-                None => return Ok(()),
-            },
-            () = tokio::time::sleep_until(next) => {
-                let now = Instant::now();
-                soon.retain(|t| *t > now);
-                periodic = now + interval;
-                match discover(&client).await {
-                    Ok(found) => {
-                        failures = 0;
-                        served.send_if_modified(|current| {
-                            if current.as_deref() == Some(&found) {
-                                return false;
-                            }
-                            tracing::debug!(resources = found.resources().len(), "discovery changed");
-                            *current = Some(Arc::new(found));
-                            true
-                        });
+}
+
+impl Discovery {
+    pub(crate) fn new(
+        client: Client,
+        interval: Duration,
+        served: watch::Sender<Option<Arc<Served>>>,
+    ) -> Discovery {
+        Discovery {
+            client,
+            interval,
+            served,
+        }
+    }
+}
+
+impl Duty for Discovery {
+    const NAME: &'static str = "discovery";
+
+    async fn run(&mut self, mut context: Context) -> Result<(), ControllerError> {
+        let crds = Api::<PartialObjectMeta<CustomResourceDefinition>>::all(self.client.clone());
+        let mut crd_changes = watcher(crds, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        // The next periodic read, and earlier reads asked for by CRD changes or failures.
+        let mut periodic = Instant::now();
+        let mut soon: Vec<Instant> = Vec::new();
+        let mut backoff = context.backoff(RETRY_FIRST, RETRY_MAX.min(self.interval));
+        loop {
+            let next = soon.iter().copied().fold(periodic, Instant::min);
+            tokio::select! {
+                () = context.stop.wait() => return Ok(()),
+                event = crd_changes.next() => match event {
+                    Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => {
+                        let now = Instant::now();
+                        soon.extend(AFTER_CRD_CHANGE.iter().map(|d| now + *d));
                     }
-                    Err(e) => {
-                        failures = failures.saturating_add(1);
-                        let retry = Duration::from_secs(1u64 << failures.min(5)).min(interval);
-                        tracing::warn!(error = %e, retry_in = ?retry, "discovery failed");
-                        soon.push(now + retry);
+                    Some(Ok(_)) => {}
+                    // The watch retries with its own backoff.
+                    Some(Err(e)) => context.failed("watching CustomResourceDefinitions failed; retrying", &e),
+                    None => return Ok(()),
+                },
+                () = tokio::time::sleep_until(next) => {
+                    let now = Instant::now();
+                    soon.retain(|t| *t > now);
+                    periodic = now + self.interval;
+                    match discover(&self.client).await {
+                        Ok(found) => {
+                            backoff.succeeded();
+                            self.served.send_if_modified(|current| {
+                                if current.as_deref() == Some(&found) {
+                                    return false;
+                                }
+                                tracing::debug!(resources = found.resources().len(), "discovery changed");
+                                *current = Some(Arc::new(found));
+                                true
+                            });
+                        }
+                        Err(e) => soon.push(now + backoff.failed("discovery failed", &e)),
                     }
                 }
             }

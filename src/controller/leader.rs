@@ -5,15 +5,25 @@
 //! The writers are idempotent (they compare before writing and write the same desired state
 //! from the same inputs), so the short overlap possible when a leader stalls past its Lease
 //! is harmless; the Lease is there to avoid duplicate writes and flapping, not for safety.
+//!
+//! The `leader` duty publishes whether this replica leads to the writers and in the
+//! `initium_leader` gauge.
 
 use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, SystemTime};
 
 use kube::Client;
 use kube_lease_manager::LeaseManagerBuilder;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
-use super::{ControllerError, Stop};
+use super::duty::{Context, Duty};
+use super::{ControllerConfig, ControllerError};
+
+/// First wait before the election starts over after a failure; it doubles up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(32);
 
 /// The Lease that elects the writer.
 #[derive(Clone, Debug)]
@@ -89,73 +99,114 @@ fn random_suffix() -> String {
     format!("{:08x}", seed as u32)
 }
 
-/// Takes part in the election until `stop`, publishing whether this replica leads on
-/// `leading`. Errors talking to the API server count as not leading (a writer that cannot
-/// renew must assume it lost the Lease) and the election starts over after a backoff. On
-/// shutdown the Lease is released.
-pub(crate) async fn run(
+/// The `leader` duty: takes part in the election until shutdown.
+pub(crate) struct Lease {
     client: Client,
     settings: LeaseSettings,
+    /// Chosen once: a restarted duty gets back the Lease it may still hold.
+    identity: String,
     namespace: String,
+    /// Whether this replica leads, for the writers.
     leading: watch::Sender<bool>,
-    mut stop: Stop,
-) -> Result<(), ControllerError> {
-    settings.validate()?;
-    let identity = settings.identity();
-    let lease = format!("{namespace}/{}", settings.name);
-    tracing::info!(%lease, %identity, "joining the leader election");
-    let mut failures = 0u32;
-    loop {
-        let built = LeaseManagerBuilder::new(client.clone(), settings.name.clone())
-            .with_namespace(namespace.clone())
-            .with_identity(identity.clone())
-            .with_duration(settings.duration.as_secs())
-            .with_grace(settings.grace.as_secs())
-            .with_field_manager(format!("initium-lease-{identity}"))
-            .build()
-            .await;
-        match built {
-            Ok(manager) => loop {
-                tokio::select! {
-                    () = stop.wait() => {
-                        let was_leading = leading.send_replace(false);
-                        if let Err(e) = manager.release().await {
-                            tracing::warn!(%lease, error = %e, "releasing the Lease failed; it expires by itself");
-                        } else if was_leading {
-                            tracing::info!(%lease, %identity, "released the Lease");
+    /// `initium_leader`.
+    gauge: Gauge,
+}
+
+impl Lease {
+    pub(crate) fn new(
+        client: Client,
+        config: &ControllerConfig,
+        leading: watch::Sender<bool>,
+        gauge: Gauge,
+    ) -> Lease {
+        Lease {
+            client,
+            settings: config.lease.clone(),
+            identity: config.lease.identity(),
+            namespace: config.namespace.clone(),
+            leading,
+            gauge,
+        }
+    }
+
+    /// Publishes whether this replica leads; returns what it published before.
+    fn set_leading(&self, leading: bool) -> bool {
+        self.gauge.set(i64::from(leading));
+        self.leading.send_replace(leading)
+    }
+}
+
+impl Duty for Lease {
+    const NAME: &'static str = "leader";
+
+    /// Takes part in the election until shutdown, publishing whether this replica leads.
+    /// Errors talking to the API server count as not leading (a writer that cannot renew must
+    /// assume it lost the Lease) and the election starts over after a backoff. On shutdown the
+    /// Lease is released.
+    async fn run(&mut self, mut context: Context) -> Result<(), ControllerError> {
+        let settings = &self.settings;
+        settings.validate()?;
+        // A restart begins as a follower: whatever was published before is stale.
+        self.set_leading(false);
+        let identity = &self.identity;
+        let namespace = &self.namespace;
+        let lease = format!("{namespace}/{}", settings.name);
+        tracing::info!(%lease, %identity, "joining the leader election");
+        let mut backoff = context.backoff(RETRY_FIRST, RETRY_MAX);
+        loop {
+            let built = LeaseManagerBuilder::new(self.client.clone(), settings.name.clone())
+                .with_namespace(namespace.clone())
+                .with_identity(identity.clone())
+                .with_duration(settings.duration.as_secs())
+                .with_grace(settings.grace.as_secs())
+                .with_field_manager(format!("initium-lease-{identity}"))
+                .build()
+                .await;
+            let wait = match built {
+                Ok(manager) => loop {
+                    tokio::select! {
+                        () = context.stop.wait() => {
+                            let was_leading = self.set_leading(false);
+                            if let Err(e) = manager.release().await {
+                                tracing::warn!(%lease, error = %e, "releasing the Lease failed; it expires by itself");
+                            } else if was_leading {
+                                tracing::info!(%lease, %identity, "released the Lease");
+                            }
+                            return Ok(());
                         }
-                        return Ok(());
-                    }
-                    changed = manager.changed() => match changed {
-                        Ok(now_leading) => {
-                            failures = 0;
-                            if leading.send_replace(now_leading) != now_leading {
-                                if now_leading {
-                                    tracing::info!(%lease, %identity, "leading: this replica writes");
-                                } else {
-                                    tracing::info!(%lease, %identity, "no longer leading");
+                        changed = manager.changed() => match changed {
+                            Ok(now_leading) => {
+                                backoff.succeeded();
+                                if self.set_leading(now_leading) != now_leading {
+                                    if now_leading {
+                                        tracing::info!(%lease, %identity, "leading: this replica writes");
+                                    } else {
+                                        tracing::info!(%lease, %identity, "no longer leading");
+                                    }
                                 }
                             }
-                        }
-                        Err(e) => {
-                            leading.send_replace(false);
-                            tracing::warn!(%lease, error = %e, "leader election failed; not leading until it works again");
-                            break;
+                            Err(e) => {
+                                self.set_leading(false);
+                                break backoff.failed(
+                                    "leader election failed; not leading until it works again",
+                                    &format_args!("{lease}: {e}"),
+                                );
+                            }
                         }
                     }
+                },
+                Err(e) => {
+                    self.set_leading(false);
+                    backoff.failed(
+                        "cannot set up the leader election",
+                        &format_args!("{lease}: {e}"),
+                    )
                 }
-            },
-            Err(e) => {
-                leading.send_replace(false);
-                tracing::warn!(%lease, error = %e, "cannot set up the leader election");
+            };
+            if context.stop.sleep(wait).await {
+                self.set_leading(false);
+                return Ok(());
             }
-        }
-        failures = failures.saturating_add(1);
-        if stop
-            .sleep(Duration::from_millis(500u64 << failures.min(6)))
-            .await
-        {
-            return Ok(());
         }
     }
 }

@@ -5,18 +5,34 @@
 //! certificate current. One replica at a time, the holder of a Lease, also writes: rule
 //! status, the webhook configurations and renewals of the self-managed certificate.
 //!
+//! Each of these is a **duty**: one file, one type implementing `duty::Duty` (its state, and
+//! a `run` that works until shutdown). [`run`] starts them all through one supervisor
+//! (`duty.rs`), which restarts a duty that fails with backoff, counts its failures in
+//! `initium_duty_failures_total{duty}` and its restarts in `initium_duty_restarts_total{duty}`,
+//! and stops the controller when a duty cannot go on (an invalid configuration, or failing
+//! again and again). Failures a duty retries in place go through the same `duty::Backoff`, so
+//! they are logged with the duty's name and counted too.
+//!
+//! - [`leader`]: the Lease that elects the writer, and the `initium_leader` gauge.
 //! - [`rules`]: watch both rule kinds, compile, swap the index, decide which rules are Ready.
 //! - [`namespaces`]: watch Namespace labels.
 //! - [`discovery`]: which kinds the API server serves, and which initium never intercepts.
 //! - [`status`]: the `Ready` condition of every rule.
 //! - [`webhooks`]: the MutatingWebhookConfiguration and ValidatingWebhookConfiguration.
-//! - [`certs`]: the serving certificate, self-managed in a Secret or read from files.
-//! - [`leader`]: the Lease that elects the writer.
+//! - `certificates`: the serving certificate and caBundle, kept current by the reload duty
+//!   of [`crate::tls`].
+//!
+//! **Adding a duty** (the gate controller next): write `src/controller/gate.rs` with a type
+//! that implements `duty::Duty` (`const NAME: &str = "gates"` and `async fn run(&mut self,
+//! context: Context)`, returning `Ok(())` once `context.stop` is set; failures retried in
+//! place go through `context.backoff(first, max)`), then add one line to [`run`]:
+//! `duties.start(gate::Gates::new(...));`. It is supervised, restarted and measured like
+//! the others.
 //!
 //! Wiring (what `initium serve` does):
 //!
 //! ```no_run
-//! # async fn serve(client: kube::Client) -> Result<(), initium::controller::ControllerError> {
+//! # async fn serve(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
 //! use initium::controller::{self, ControllerConfig, WebhookEndpoint};
 //! use initium::state::{AdmissionConfig, Shared};
 //!
@@ -25,7 +41,7 @@
 //!     "initium-system",
 //!     WebhookEndpoint::Service { name: "initium".into(), namespace: "initium-system".into(), port: 443 },
 //! );
-//! let tls = controller::tls(&client, &config).await?;
+//! let tls = initium::tls::load(&client, &config).await?;
 //! let server_tls = tls.rustls_config(); // give this to the HTTPS server
 //! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
 //! let controller = tokio::spawn(controller::run(client, shared, config, tls, async move {
@@ -38,8 +54,8 @@
 //! # }
 //! ```
 
-pub mod certs;
 pub mod discovery;
+pub(crate) mod duty;
 pub mod leader;
 pub mod namespaces;
 pub mod rules;
@@ -47,15 +63,15 @@ pub mod status;
 pub mod webhooks;
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::api::FailurePolicy;
 use crate::state::Shared;
+use crate::tls::{Certificates, Tls, TlsError, TlsSource};
+use duty::Supervisor;
 
 /// A hash of `salt` and `value` as JSON: tells whether a spec or a status is the same as one
 /// seen before without keeping a copy of it. Serializing a typed spec or status (string keys
@@ -70,7 +86,6 @@ pub(crate) fn json_hash(salt: &Option<String>, value: &impl serde::Serialize) ->
     hasher.finish()
 }
 
-pub use certs::{CaBundleSource, Tls, TlsSource, tls};
 pub use leader::LeaseSettings;
 pub use webhooks::{WebhookEndpoint, webhook_timeout_seconds};
 
@@ -154,16 +169,7 @@ impl ControllerConfig {
                 return config(format!("the {name} must be more than zero"));
             }
         }
-        if let TlsSource::SelfManaged {
-            refresh_interval, ..
-        }
-        | TlsSource::Files {
-            refresh_interval, ..
-        } = &self.tls
-            && refresh_interval.is_zero()
-        {
-            return config("the TLS refresh interval must be more than zero".into());
-        }
+        self.tls.validate()?;
         Ok(())
     }
 }
@@ -184,26 +190,36 @@ pub enum ControllerError {
         #[source]
         source: kube::Error,
     },
-    /// A certificate or key file could not be read.
-    #[error("read {}: {source}", path.display())]
-    File {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A certificate could not be made or used.
-    #[error("TLS certificate ({origin}): {message}")]
-    Certificate {
-        /// Where the certificate comes from: a Secret or a file.
-        origin: String,
-        message: String,
-    },
-    /// A task of the controller ended unexpectedly.
+    /// The serving certificate could not be loaded or kept current.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// A duty of the controller ended unexpectedly.
     #[error("controller task {task} stopped: {message}")]
     Task { task: &'static str, message: String },
+    /// A duty failed again and again, restarts did not help: the controller stops.
+    #[error(
+        "the {duty} duty failed {failures} times in a row and restarts did not help (check that \
+         the API server is reachable and that initium's RBAC allows what the duty does); the \
+         last failure: {source}"
+    )]
+    Duty {
+        duty: &'static str,
+        failures: u32,
+        #[source]
+        source: Box<ControllerError>,
+    },
 }
 
 impl ControllerError {
+    /// Whether no retry can help: the configuration itself is wrong. The supervisor stops the
+    /// controller at once on such an error instead of restarting the duty.
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            ControllerError::Config(_) | ControllerError::Tls(TlsError::Config(_))
+        )
+    }
+
     fn api(action: &'static str, object: impl Into<String>, source: kube::Error) -> Self {
         ControllerError::Api {
             action,
@@ -216,11 +232,13 @@ impl ControllerError {
 /// Runs the controller until `shutdown` completes: the watches that feed `shared` (rule
 /// index, Namespace labels, readiness), the leader election, and, while this replica holds
 /// the Lease, the writers (rule status, webhook configurations, certificate renewal). `tls`
-/// comes from [`tls`]; the controller keeps it current (reloading the certificate the HTTPS
-/// server uses and publishing the caBundle).
+/// comes from [`crate::tls::load`]; the controller keeps it current (reloading the
+/// certificate the HTTPS server uses and publishing the caBundle).
 ///
-/// Watches and writes that fail are retried with backoff and logged; only an invalid
-/// configuration returns an error. On shutdown the Lease is released so another replica
+/// Watches and writes that fail are retried with backoff, logged and counted per duty; a duty
+/// that stops is restarted with backoff. An error is returned for an invalid configuration, or
+/// when a duty fails `duty::MAX_CONSECUTIVE_FAILURES` (6) times in a row (see the module
+/// documentation). On shutdown the Lease is released so another replica
 /// takes over without waiting for it to expire; the webhook configurations are left in place
 /// for the other replicas.
 pub async fn run(
@@ -234,118 +252,61 @@ pub async fn run(
     let config = Arc::new(config);
     let (stop_tx, stop) = Stop::channel();
     let (leader_tx, leader) = watch::channel(false);
-    let leader = Leader(leader);
+    let leader = Leader::new(leader);
     let readiness = Arc::new(Readiness::new(shared.clone()));
     let (served_tx, served_rx) = watch::channel(None);
     let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(rules::Snapshot::default()));
     let (needs_tx, needs_rx) = watch::channel(Arc::new(webhooks::Inputs::default()));
     let ca_bundle = tls.ca_bundle_receiver();
 
-    let mut tasks: JoinSet<(&'static str, Result<(), ControllerError>)> = JoinSet::new();
-    tasks.spawn(named(
-        "leader",
-        leader::run(
-            client.clone(),
-            config.lease.clone(),
-            config.namespace.clone(),
-            leader_tx,
-            stop.clone(),
-        ),
+    // Every duty of the controller, one line each.
+    let mut duties = Supervisor::new(&shared.metrics, stop);
+    duties.start(leader::Lease::new(
+        client.clone(),
+        &config,
+        leader_tx,
+        shared.metrics.leader.clone(),
     ));
-    tasks.spawn(named(
-        "namespaces",
-        namespaces::run(
-            client.clone(),
-            shared.clone(),
-            readiness.clone(),
-            stop.clone(),
-        ),
+    duties.start(namespaces::Namespaces::new(
+        client.clone(),
+        shared.clone(),
+        readiness.clone(),
     ));
-    tasks.spawn(named(
-        "discovery",
-        discovery::run(
-            client.clone(),
-            config.discovery_interval,
-            served_tx,
-            stop.clone(),
-        ),
+    duties.start(discovery::Discovery::new(
+        client.clone(),
+        config.discovery_interval,
+        served_tx,
     ));
-    tasks.spawn(named(
-        "rules",
-        rules::run(
-            client.clone(),
-            shared.clone(),
-            readiness.clone(),
-            served_rx,
-            snapshot_tx,
-            needs_tx,
-            stop.clone(),
-        ),
+    duties.start(rules::Rules::new(
+        client.clone(),
+        shared.clone(),
+        readiness,
+        served_rx,
+        snapshot_tx,
+        needs_tx,
     ));
-    tasks.spawn(named(
-        "status",
-        status::run(client.clone(), snapshot_rx, leader.clone(), stop.clone()),
+    duties.start(status::Status::new(
+        client.clone(),
+        snapshot_rx,
+        leader.clone(),
     ));
-    tasks.spawn(named(
-        "webhooks",
-        webhooks::run(
-            client.clone(),
-            config.clone(),
-            shared.config.budget,
-            needs_rx,
-            ca_bundle,
-            leader.clone(),
-            stop.clone(),
-        ),
+    duties.start(webhooks::Webhooks::new(
+        client,
+        config.clone(),
+        shared.config.budget,
+        needs_rx,
+        ca_bundle,
+        leader.clone(),
     ));
-    tasks.spawn(named(
-        "leader metric",
-        leader_metric(shared.clone(), leader.clone(), stop.clone()),
+    duties.start(Certificates::new(
+        tls,
+        leader,
+        shared.metrics.certificate_expiry.clone(),
     ));
-    tasks.spawn(named(
-        "certificates",
-        certs::keep(tls, leader, stop.clone()),
-    ));
-
-    let mut result = Ok(());
-    tokio::select! {
-        () = shutdown => tracing::info!("controller shutting down"),
-        Some(ended) = tasks.join_next() => {
-            // Tasks return only once told to stop: one that ends before failed for good.
-            result = Err(match ended {
-                Ok((_, Err(e))) => e,
-                Ok((task, Ok(()))) => ControllerError::Task {
-                    task,
-                    message: "ended before shutdown".into(),
-                },
-                Err(e) => ControllerError::Task {
-                    task: "unknown",
-                    message: e.to_string(),
-                },
-            });
-        }
-    }
-    let _ = stop_tx.send(true);
-    while let Some(ended) = tasks.join_next().await {
-        match ended {
-            Ok((_, Ok(()))) => {}
-            Ok((task, Err(e))) => {
-                tracing::warn!(task, error = %e, "controller task failed while stopping")
-            }
-            Err(e) => tracing::warn!(error = %e, "controller task failed while stopping"),
-        }
-    }
-    result
+    duties.run(shutdown, stop_tx).await
 }
 
-async fn named(
-    task: &'static str,
-    future: impl Future<Output = Result<(), ControllerError>>,
-) -> (&'static str, Result<(), ControllerError>) {
-    (task, future.await)
-}
-
-/// Tells the tasks to stop: set once, on shutdown.
+/// Tells the duties to stop: set once, on shutdown.
 #[derive(Clone, Debug)]
 pub(crate) struct Stop(watch::Receiver<bool>);
 
@@ -378,6 +339,11 @@ impl Stop {
 pub(crate) struct Leader(watch::Receiver<bool>);
 
 impl Leader {
+    /// Follows what the [`leader`] duty publishes on the other end.
+    pub(crate) fn new(leading: watch::Receiver<bool>) -> Leader {
+        Leader(leading)
+    }
+
     pub(crate) fn is_leader(&self) -> bool {
         *self.0.borrow()
     }
@@ -386,24 +352,6 @@ impl Leader {
     pub(crate) async fn changed(&mut self) {
         if self.0.changed().await.is_err() {
             std::future::pending::<()>().await;
-        }
-    }
-}
-
-/// Keeps `initium_leader` at 1 while this replica holds the Lease.
-async fn leader_metric(
-    shared: Arc<Shared>,
-    mut leader: Leader,
-    mut stop: Stop,
-) -> Result<(), ControllerError> {
-    loop {
-        shared.metrics.leader.set(i64::from(leader.is_leader()));
-        tokio::select! {
-            () = leader.changed() => {}
-            () = stop.wait() => {
-                shared.metrics.leader.set(0);
-                return Ok(());
-            }
         }
     }
 }

@@ -9,7 +9,8 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
-use super::{ControllerError, Readiness, Stop};
+use super::duty::{Context, Duty};
+use super::{ControllerError, Readiness};
 use crate::state::{NamespaceLabels, Shared};
 
 /// Applies watch events to a copy of the labels; says whether anything changed.
@@ -61,52 +62,70 @@ impl Labels {
     }
 }
 
-/// Watches Namespaces until `stop`, keeping `shared.namespaces` current.
-pub(crate) async fn run(
+/// The `namespaces` duty: watches Namespaces, keeping `shared.namespaces` current.
+pub(crate) struct Namespaces {
     client: Client,
     shared: Arc<Shared>,
     readiness: Arc<Readiness>,
-    mut stop: Stop,
-) -> Result<(), ControllerError> {
-    let api = Api::<PartialObjectMeta<Namespace>>::all(client);
-    let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut labels = Labels::default();
-    loop {
-        let event = tokio::select! {
-            () = stop.wait() => return Ok(()),
-            event = events.next() => event,
-        };
-        let mut batch = vec![event];
-        // Coalesce what is already waiting (a relist of many Namespaces swaps once).
-        while let Some(more) = events.next().now_or_never() {
-            batch.push(more);
+}
+
+impl Namespaces {
+    pub(crate) fn new(client: Client, shared: Arc<Shared>, readiness: Arc<Readiness>) -> Self {
+        Namespaces {
+            client,
+            shared,
+            readiness,
         }
-        let mut changed = false;
-        let mut listed = false;
-        for event in batch {
-            match event {
-                Some(Ok(event)) => {
-                    listed |= matches!(event, watcher::Event::InitDone);
-                    changed |= labels.apply(event);
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "watching Namespaces failed; retrying with backoff")
-                }
-                None => {
-                    return Err(ControllerError::Task {
-                        task: "namespaces",
-                        message: "the Namespace watch ended".into(),
-                    });
+    }
+}
+
+impl Duty for Namespaces {
+    const NAME: &'static str = "namespaces";
+
+    async fn run(&mut self, mut context: Context) -> Result<(), ControllerError> {
+        let api = Api::<PartialObjectMeta<Namespace>>::all(self.client.clone());
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut labels = Labels::default();
+        loop {
+            let event = tokio::select! {
+                () = context.stop.wait() => return Ok(()),
+                event = events.next() => event,
+            };
+            let mut batch = vec![event];
+            // Coalesce what is already waiting (a relist of many Namespaces swaps once).
+            while let Some(more) = events.next().now_or_never() {
+                batch.push(more);
+            }
+            let mut changed = false;
+            let mut listed = false;
+            for event in batch {
+                match event {
+                    Some(Ok(event)) => {
+                        listed |= matches!(event, watcher::Event::InitDone);
+                        changed |= labels.apply(event);
+                    }
+                    // The watch retries with its own backoff.
+                    Some(Err(e)) => {
+                        context.failed("watching Namespaces failed; retrying with backoff", &e)
+                    }
+                    None => {
+                        return Err(ControllerError::Task {
+                            task: Self::NAME,
+                            message: "the Namespace watch ended".into(),
+                        });
+                    }
                 }
             }
-        }
-        if changed {
-            shared.namespaces.store(Arc::new(labels.current.clone()));
-        }
-        if listed {
-            readiness.done(Readiness::NAMESPACES);
+            if changed {
+                self.shared
+                    .namespaces
+                    .store(Arc::new(labels.current.clone()));
+            }
+            if listed {
+                self.readiness.done(Readiness::NAMESPACES);
+            }
         }
     }
 }

@@ -16,8 +16,9 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::discovery::Served;
+use super::duty::{Context, Duty};
 use super::webhooks::{Inputs, RuleNeeds};
-use super::{ControllerError, Readiness, Stop, json_hash};
+use super::{ControllerError, Readiness, json_hash};
 use crate::api::{ClusterMutationRule, MutationRule, RuleSpec, RuleStatus};
 use crate::engine::{CompiledRule, RuleErrors, RuleId, RuleIndex, compile};
 use crate::state::Shared;
@@ -266,13 +267,8 @@ impl RuleTable {
         event: Result<watcher::Event<Observed>, watcher::Error>,
     ) {
         match event {
-            Err(e) => {
-                let kind = match scope {
-                    Scope::Cluster => "ClusterMutationRules",
-                    Scope::Namespaced => "MutationRules",
-                };
-                tracing::warn!(error = %e, "watching {kind} failed; retrying with backoff");
-            }
+            // Logged and counted by the duty (`watch_failed`); the watch retries by itself.
+            Err(_) => {}
             Ok(event) => match event {
                 watcher::Event::Init => {
                     self.relisting.insert(scope, Vec::new());
@@ -464,50 +460,99 @@ fn map_event<K, T>(event: watcher::Event<K>, f: impl Fn(K) -> T) -> watcher::Eve
     }
 }
 
-/// Watches both rule kinds and discovery until `stop`; keeps `shared.rules` and the metrics
-/// current and publishes what the status and webhook writers need.
-pub(crate) async fn run(
+/// A failed watch request: the watch retries it with its own backoff; the duty logs and
+/// counts it.
+fn watch_failed(context: &Context, input: &Input) {
+    if let Input::Rule(scope, event) = input
+        && let Err(e) = event.as_ref()
+    {
+        let what = match scope {
+            Scope::Cluster => "watching ClusterMutationRules failed; retrying with backoff",
+            Scope::Namespaced => "watching MutationRules failed; retrying with backoff",
+        };
+        context.failed(what, e);
+    }
+}
+
+/// The `rules` duty: watches both rule kinds and discovery; keeps `shared.rules` and the
+/// metrics current and publishes what the status and webhook writers need.
+pub(crate) struct Rules {
     client: Client,
     shared: Arc<Shared>,
     readiness: Arc<Readiness>,
     served: watch::Receiver<Option<Arc<Served>>>,
     snapshot: watch::Sender<Arc<Snapshot>>,
     needs: watch::Sender<Arc<Inputs>>,
-    mut stop: Stop,
-) -> Result<(), ControllerError> {
-    let served_changes = futures::stream::unfold(served, |mut rx| async move {
-        rx.changed().await.ok()?;
-        let value = rx.borrow_and_update().clone();
-        Some((Input::Served(value), rx))
-    });
-    let mut inputs = futures::stream::select_all([
-        rule_events(
-            Api::<ClusterMutationRule>::all(client.clone()),
-            Scope::Cluster,
-        )
-        .boxed(),
-        rule_events(Api::<MutationRule>::all(client), Scope::Namespaced).boxed(),
-        served_changes.boxed(),
-    ]);
-    let mut table = RuleTable::default();
-    loop {
-        let input = tokio::select! {
-            () = stop.wait() => return Ok(()),
-            input = inputs.next() => input,
-        };
-        let Some(input) = input else {
-            return Err(ControllerError::Task {
-                task: "rules",
-                message: "the rule and discovery streams ended".into(),
-            });
-        };
-        table.apply(input);
-        // Take everything already waiting before rebuilding: a relist of a thousand rules
-        // builds the index once, not a thousand times.
-        while let Some(Some(more)) = inputs.next().now_or_never() {
-            table.apply(more);
+}
+
+impl Rules {
+    pub(crate) fn new(
+        client: Client,
+        shared: Arc<Shared>,
+        readiness: Arc<Readiness>,
+        served: watch::Receiver<Option<Arc<Served>>>,
+        snapshot: watch::Sender<Arc<Snapshot>>,
+        needs: watch::Sender<Arc<Inputs>>,
+    ) -> Rules {
+        Rules {
+            client,
+            shared,
+            readiness,
+            served,
+            snapshot,
+            needs,
         }
-        table.publish(&shared, &readiness, &snapshot, &needs);
+    }
+}
+
+impl Duty for Rules {
+    const NAME: &'static str = "rules";
+
+    async fn run(&mut self, mut context: Context) -> Result<(), ControllerError> {
+        let mut served = self.served.clone();
+        // A restarted duty starts from an empty table: it needs what discovery found already,
+        // not only its next change.
+        served.mark_changed();
+        let served_changes = futures::stream::unfold(served, |mut rx| async move {
+            rx.changed().await.ok()?;
+            let value = rx.borrow_and_update().clone();
+            Some((Input::Served(value), rx))
+        });
+        let mut inputs = futures::stream::select_all([
+            rule_events(
+                Api::<ClusterMutationRule>::all(self.client.clone()),
+                Scope::Cluster,
+            )
+            .boxed(),
+            rule_events(
+                Api::<MutationRule>::all(self.client.clone()),
+                Scope::Namespaced,
+            )
+            .boxed(),
+            served_changes.boxed(),
+        ]);
+        let mut table = RuleTable::default();
+        loop {
+            let input = tokio::select! {
+                () = context.stop.wait() => return Ok(()),
+                input = inputs.next() => input,
+            };
+            let Some(input) = input else {
+                return Err(ControllerError::Task {
+                    task: Self::NAME,
+                    message: "the rule and discovery streams ended".into(),
+                });
+            };
+            watch_failed(&context, &input);
+            table.apply(input);
+            // Take everything already waiting before rebuilding: a relist of a thousand rules
+            // builds the index once, not a thousand times.
+            while let Some(Some(more)) = inputs.next().now_or_never() {
+                watch_failed(&context, &more);
+                table.apply(more);
+            }
+            table.publish(&self.shared, &self.readiness, &self.snapshot, &self.needs);
+        }
     }
 }
 

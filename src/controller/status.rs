@@ -23,8 +23,9 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
 
+use super::duty::{Context, Duty};
 use super::rules::{RuleView, Snapshot, Verdict};
-use super::{ControllerError, FIELD_MANAGER, Leader, Stop};
+use super::{ControllerError, FIELD_MANAGER, Leader};
 use crate::api::{ClusterMutationRule, MutationRule, RuleStatus};
 use crate::engine::RuleId;
 
@@ -34,6 +35,9 @@ pub const READY: &str = "Ready";
 const MESSAGE_MAX_CHARS: usize = 32 * 1024;
 /// Status patches in flight at once (a thousand rules at start-up should not take minutes).
 const CONCURRENT_WRITES: usize = 8;
+/// First retry after writes failed; the wait doubles up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(32);
 
 /// The `Ready` condition for a verdict (without `lastTransitionTime`).
 fn ready_condition(verdict: &Verdict, generation: Option<i64>, now: &Time) -> Condition {
@@ -126,89 +130,118 @@ fn fingerprint(view: &RuleView, status: &RuleStatus) -> u64 {
     super::json_hash(&view.resource_version, status)
 }
 
-/// While this replica holds the Lease, brings every rule's status in line with its verdict,
-/// after every snapshot and on gaining the Lease; failed writes are retried with backoff.
-pub(crate) async fn run(
+/// The `status` duty: while this replica holds the Lease, brings every rule's status in line
+/// with its verdict, after every snapshot and on gaining the Lease; failed writes are retried
+/// with backoff.
+pub(crate) struct Status {
     client: Client,
-    mut snapshot: watch::Receiver<Arc<Snapshot>>,
-    mut leader: Leader,
-    mut stop: Stop,
-) -> Result<(), ControllerError> {
-    // What was written last per rule, with the resourceVersion it was written over (a hash of
-    // both: ten thousand rules' statuses are not kept twice): until the watch brings the new
-    // version, the same status is not written again.
-    let mut written: HashMap<RuleId, u64> = HashMap::new();
-    let mut retry: Option<Duration> = None;
-    let mut failures = 0u32;
-    loop {
-        let retry_due = async {
-            match retry {
-                Some(after) => tokio::time::sleep(after).await,
-                None => std::future::pending().await,
+    snapshot: watch::Receiver<Arc<Snapshot>>,
+    leader: Leader,
+}
+
+impl Status {
+    pub(crate) fn new(
+        client: Client,
+        snapshot: watch::Receiver<Arc<Snapshot>>,
+        leader: Leader,
+    ) -> Status {
+        Status {
+            client,
+            snapshot,
+            leader,
+        }
+    }
+}
+
+impl Duty for Status {
+    const NAME: &'static str = "status";
+
+    async fn run(&mut self, mut context: Context) -> Result<(), ControllerError> {
+        let Status {
+            client,
+            snapshot,
+            leader,
+        } = self;
+        // What was written last per rule, with the resourceVersion it was written over (a
+        // hash of both: ten thousand rules' statuses are not kept twice): until the watch
+        // brings the new version, the same status is not written again.
+        let mut written: HashMap<RuleId, u64> = HashMap::new();
+        // A restarted duty looks at once: the snapshot it missed will not be sent again.
+        let mut retry: Option<Duration> = Some(Duration::ZERO);
+        let mut backoff = context.backoff(RETRY_FIRST, RETRY_MAX);
+        loop {
+            let retry_due = async {
+                match retry {
+                    Some(after) => tokio::time::sleep(after).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = context.stop.wait() => return Ok(()),
+                changed = snapshot.changed() => if changed.is_err() { return Ok(()) },
+                () = leader.changed() => {}
+                () = retry_due => {}
             }
-        };
-        tokio::select! {
-            () = stop.wait() => return Ok(()),
-            changed = snapshot.changed() => if changed.is_err() { return Ok(()) },
-            () = leader.changed() => {}
-            () = retry_due => {}
-        }
-        retry = None;
-        if !leader.is_leader() {
-            written.clear();
-            continue;
-        }
-        let current = snapshot.borrow_and_update().clone();
-        // The snapshot is sorted by id.
-        written.retain(|id, _| current.rules.binary_search_by(|r| r.id.cmp(id)).is_ok());
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        // Statuses are worked out as the writes go, CONCURRENT_WRITES at a time: at start-up
-        // every rule needs one, and ten thousand of them at once cost ten megabytes.
-        // Items are indices into the snapshot, not references: the futures must be 'static
-        // enough for the spawned task.
-        let already = &written;
-        let rules = current.clone();
-        let work = (0..current.rules.len()).filter_map(move |i| {
-            let view = &rules.rules[i];
-            let status = desired_status(view, &now)?;
-            let fingerprint = fingerprint(view, &status);
-            (already.get(&view.id) != Some(&fingerprint)).then_some((i, status, fingerprint))
-        });
-        let results: Vec<_> = futures::stream::iter(work)
-            .map(|(i, status, fingerprint)| {
-                let client = client.clone();
-                let rules = current.clone();
-                async move {
-                    let result = write(&client, &rules.rules[i], &status).await;
-                    (i, fingerprint, result)
-                }
-            })
-            .buffer_unordered(CONCURRENT_WRITES)
-            .collect()
-            .await;
-        let mut failed = false;
-        for (i, fingerprint, result) in results {
-            let view = &current.rules[i];
-            match result {
-                Ok(()) => {
-                    tracing::debug!(rule = %view.id.describe(), ready = view.verdict.is_ready(), "status written");
-                    written.insert(view.id.clone(), fingerprint);
-                }
-                // Changed or deleted since seen: the watch brings the news, then we decide again.
-                Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
-                    retry = Some(Duration::from_secs(1));
-                }
-                Err(e) => {
-                    failed = true;
-                    tracing::warn!(rule = %view.id.describe(), error = %e, "writing the rule status failed");
+            retry = None;
+            if !leader.is_leader() {
+                written.clear();
+                continue;
+            }
+            let current = snapshot.borrow_and_update().clone();
+            // The snapshot is sorted by id.
+            written.retain(|id, _| current.rules.binary_search_by(|r| r.id.cmp(id)).is_ok());
+            let now = Time(k8s_openapi::jiff::Timestamp::now());
+            // Statuses are worked out as the writes go, CONCURRENT_WRITES at a time: at start-up
+            // every rule needs one, and ten thousand of them at once cost ten megabytes.
+            // Items are indices into the snapshot, not references: the futures must be 'static
+            // enough for the spawned task.
+            let already = &written;
+            let rules = current.clone();
+            let work = (0..current.rules.len()).filter_map(move |i| {
+                let view = &rules.rules[i];
+                let status = desired_status(view, &now)?;
+                let fingerprint = fingerprint(view, &status);
+                (already.get(&view.id) != Some(&fingerprint)).then_some((i, status, fingerprint))
+            });
+            let results: Vec<_> = futures::stream::iter(work)
+                .map(|(i, status, fingerprint)| {
+                    let client = client.clone();
+                    let rules = current.clone();
+                    async move {
+                        let result = write(&client, &rules.rules[i], &status).await;
+                        (i, fingerprint, result)
+                    }
+                })
+                .buffer_unordered(CONCURRENT_WRITES)
+                .collect()
+                .await;
+            let attempted = results.len();
+            let mut failed = 0usize;
+            for (i, fingerprint, result) in results {
+                let view = &current.rules[i];
+                match result {
+                    Ok(()) => {
+                        tracing::debug!(rule = %view.id.describe(), ready = view.verdict.is_ready(), "status written");
+                        written.insert(view.id.clone(), fingerprint);
+                    }
+                    // Changed or deleted since seen: the watch brings the news, then we decide again.
+                    Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+                        retry = Some(Duration::from_secs(1));
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        tracing::warn!(rule = %view.id.describe(), error = %e, "writing the rule status failed");
+                    }
                 }
             }
-        }
-        if failed {
-            failures = failures.saturating_add(1);
-            retry = Some(Duration::from_millis(500u64 << failures.min(6)));
-        } else {
-            failures = 0;
+            if failed > 0 {
+                retry = Some(backoff.failed(
+                    "writing rule statuses failed; retrying",
+                    &format_args!("{failed} of {attempted} writes failed"),
+                ));
+            } else {
+                backoff.succeeded();
+            }
         }
     }
 }

@@ -39,7 +39,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::discovery::Served;
-use super::{ControllerConfig, ControllerError, FIELD_MANAGER, Leader, Stop};
+use super::duty::{Context, Duty};
+use super::{ControllerConfig, ControllerError, FIELD_MANAGER, Leader};
 use crate::admission::{MUTATE_PATH, VALIDATE_PATH};
 use crate::api::{FailurePolicy, GROUP, Operation, VERSION};
 use crate::engine::{CompiledRule, KindPattern};
@@ -55,6 +56,10 @@ pub const RULES_WEBHOOK: &str = "rules.initium.dev";
 pub const VALIDATE_TIMEOUT_SECONDS: i32 = 10;
 /// The label every namespace carries with its own name (Kubernetes 1.21+).
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+/// First retry after applying the configurations failed; the wait doubles up to
+/// [`RETRY_MAX`] (and never exceeds the resync interval).
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(32);
 
 /// Where the API server reaches initium.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -526,74 +531,105 @@ where
     Ok(true)
 }
 
-/// While this replica holds the Lease, keeps both configurations as desired: after every
-/// change of the Ready rules, discovery or the caBundle, on gaining the Lease, and every
-/// `resync_interval` (repairing edits and deletions).
-pub(crate) async fn run(
+/// The `webhooks` duty: while this replica holds the Lease, keeps both configurations as
+/// desired: after every change of the Ready rules, discovery or the caBundle, on gaining the
+/// Lease, and every `resync_interval` (repairing edits and deletions).
+pub(crate) struct Webhooks {
     client: Client,
     config: Arc<ControllerConfig>,
     budget: Duration,
-    mut needs: watch::Receiver<Arc<Inputs>>,
-    mut ca_bundle: watch::Receiver<Option<Vec<u8>>>,
-    mut leader: Leader,
-    mut stop: Stop,
-) -> Result<(), ControllerError> {
-    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
-    let validating = Api::<ValidatingWebhookConfiguration>::all(client);
-    let mut failures = 0u32;
-    let mut wait = Duration::ZERO;
-    loop {
-        tokio::select! {
-            () = stop.wait() => return Ok(()),
-            () = tokio::time::sleep(wait) => {}
-            Ok(()) = needs.changed() => {}
-            Ok(()) = ca_bundle.changed() => {}
-            () = leader.changed() => {}
+    needs: watch::Receiver<Arc<Inputs>>,
+    ca_bundle: watch::Receiver<Option<Vec<u8>>>,
+    leader: Leader,
+}
+
+impl Webhooks {
+    pub(crate) fn new(
+        client: Client,
+        config: Arc<ControllerConfig>,
+        budget: Duration,
+        needs: watch::Receiver<Arc<Inputs>>,
+        ca_bundle: watch::Receiver<Option<Vec<u8>>>,
+        leader: Leader,
+    ) -> Webhooks {
+        Webhooks {
+            client,
+            config,
+            budget,
+            needs,
+            ca_bundle,
+            leader,
         }
-        wait = config.resync_interval;
-        if !leader.is_leader() {
-            continue;
-        }
-        let inputs = needs.borrow_and_update().clone();
-        let ca = ca_bundle.borrow_and_update().clone();
-        let Some(served) = &inputs.served else {
-            continue;
-        };
-        let desired_mutating =
-            desired_mutating(&config, budget, ca.as_deref(), &inputs.rules, served);
-        let desired_validating = desired_validating(&config, ca.as_deref());
-        let result = async {
-            let wrote_mutating =
-                reconcile(&mutating, &desired_mutating, "MutatingWebhookConfiguration").await?;
-            let wrote_validating = reconcile(
-                &validating,
-                &desired_validating,
-                "ValidatingWebhookConfiguration",
-            )
-            .await?;
-            Ok::<_, ControllerError>((wrote_mutating, wrote_validating))
-        }
-        .await;
-        match result {
-            Ok((wrote_mutating, wrote_validating)) => {
-                failures = 0;
-                if wrote_mutating {
-                    let webhooks = desired_mutating.webhooks.as_deref().unwrap_or_default();
-                    tracing::info!(
-                        name = %config.webhook_configuration,
-                        webhooks = ?webhooks.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(),
-                        rules = inputs.rules.len(),
-                        "applied the MutatingWebhookConfiguration"
-                    );
-                }
-                if wrote_validating {
-                    tracing::info!(name = %config.webhook_configuration, "applied the ValidatingWebhookConfiguration");
-                }
+    }
+}
+
+impl Duty for Webhooks {
+    const NAME: &'static str = "webhooks";
+
+    async fn run(&mut self, mut context: Context) -> Result<(), ControllerError> {
+        let Webhooks {
+            client,
+            config,
+            budget,
+            needs,
+            ca_bundle,
+            leader,
+        } = self;
+        let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
+        let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+        let mut backoff = context.backoff(RETRY_FIRST, RETRY_MAX.min(config.resync_interval));
+        let mut wait = Duration::ZERO;
+        loop {
+            tokio::select! {
+                () = context.stop.wait() => return Ok(()),
+                () = tokio::time::sleep(wait) => {}
+                Ok(()) = needs.changed() => {}
+                Ok(()) = ca_bundle.changed() => {}
+                () = leader.changed() => {}
             }
-            Err(e) => {
-                failures = failures.saturating_add(1);
-                wait = Duration::from_millis(500u64 << failures.min(6)).min(config.resync_interval);
-                tracing::warn!(error = %e, retry_in = ?wait, "updating the webhook configurations failed");
+            wait = config.resync_interval;
+            if !leader.is_leader() {
+                continue;
+            }
+            let inputs = needs.borrow_and_update().clone();
+            let ca = ca_bundle.borrow_and_update().clone();
+            let Some(served) = &inputs.served else {
+                continue;
+            };
+            let desired_mutating =
+                desired_mutating(config, *budget, ca.as_deref(), &inputs.rules, served);
+            let desired_validating = desired_validating(config, ca.as_deref());
+            let result = async {
+                let wrote_mutating =
+                    reconcile(&mutating, &desired_mutating, "MutatingWebhookConfiguration").await?;
+                let wrote_validating = reconcile(
+                    &validating,
+                    &desired_validating,
+                    "ValidatingWebhookConfiguration",
+                )
+                .await?;
+                Ok::<_, ControllerError>((wrote_mutating, wrote_validating))
+            }
+            .await;
+            match result {
+                Ok((wrote_mutating, wrote_validating)) => {
+                    backoff.succeeded();
+                    if wrote_mutating {
+                        let webhooks = desired_mutating.webhooks.as_deref().unwrap_or_default();
+                        tracing::info!(
+                            name = %config.webhook_configuration,
+                            webhooks = ?webhooks.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(),
+                            rules = inputs.rules.len(),
+                            "applied the MutatingWebhookConfiguration"
+                        );
+                    }
+                    if wrote_validating {
+                        tracing::info!(name = %config.webhook_configuration, "applied the ValidatingWebhookConfiguration");
+                    }
+                }
+                Err(e) => {
+                    wait = backoff.failed("updating the webhook configurations failed", &e);
+                }
             }
         }
     }
