@@ -2,8 +2,9 @@
 //!
 //! `engine` is pure: rules in, compiled index; object in, mutated object + patch + report out.
 //! `api` holds the CRD types. The adapters around the engine: `admission` (the HTTPS webhook),
-//! `controller` (the duties that talk to the API server), `tls` (the serving certificate) and
-//! `cli` (the commands, offline ones included).
+//! `controller` (the duties that talk to the API server), `tls` (the serving certificate),
+//! `ops` (health and metrics). `serve` composes them into `initium serve`; `cli` is the command
+//! line, and the offline commands (the engine with no cluster). See docs/architecture.md.
 
 pub mod admission;
 pub mod api;
@@ -12,6 +13,7 @@ pub mod controller;
 pub mod engine;
 pub mod metrics;
 pub mod ops;
+pub mod serve;
 pub mod state;
 pub mod tls;
 
@@ -55,6 +57,12 @@ pub enum Error {
         #[source]
         source: Option<Cause>,
     },
+    /// The controller's configuration is invalid, or it stopped: its own error and causes.
+    #[error(transparent)]
+    Controller(#[from] controller::ControllerError),
+    /// The serving certificate could not be loaded: its own error and causes.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     /// Test cases failed (the report has the details).
     #[error("{failed} of {total} test case(s) failed")]
     TestsFailed { failed: usize, total: usize },
@@ -106,6 +114,27 @@ impl Error {
             source: Some(source.into()),
         }
     }
+}
+
+/// `text` with every control character (and the bidirectional overrides a terminal obeys)
+/// written as a Rust escape: `\u{1b}`, `\n`.
+pub fn escape_controls(text: &str) -> String {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// An error and its causes as one line of text, `outer: cause: cause`: what `initium` prints

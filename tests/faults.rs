@@ -1616,7 +1616,7 @@ async fn a_mutation_rule_changes_nothing_outside_its_namespace() {
 //
 // `initium serve` reads its TLS Secret every 60 s (fixed), so these tests run the same
 // wiring in-process (`tls::load`, `admission::serve`, `controller::run`, as
-// src/cli/serve.rs does) with a 1 s refresh. There is no flag or API to rotate the CA before
+// src/serve/mod.rs does) with a 1 s refresh. There is no flag or API to rotate the CA before
 // two thirds of its 10-year life: the test makes the leader believe that time has come by
 // rewriting the validity recorded in the Secret's `initium.dev/certificates` annotation (the
 // state the leader plans renewals from), and then that the new CA has been in the caBundle

@@ -5,7 +5,6 @@
 pub mod input;
 pub mod offline;
 pub mod output;
-pub mod serve;
 pub mod test;
 
 use std::io::Write;
@@ -41,7 +40,7 @@ pub enum Command {
     /// Print the CustomResourceDefinitions (or write them to a directory).
     Crd(CrdArgs),
     /// Run the admission webhook, the rule watches and the operations endpoints.
-    Serve(Box<serve::ServeArgs>),
+    Serve(Box<crate::serve::ServeArgs>),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -118,7 +117,7 @@ pub fn run(command: Command, out: &mut dyn Write, err: &mut dyn Write) -> Result
         Command::Check(args) => check(args, out),
         Command::Test(args) => test::run(&args.paths, out),
         Command::Crd(args) => crd(args, out),
-        Command::Serve(args) => serve::run(*args),
+        Command::Serve(args) => crate::serve::run(*args),
     }
 }
 
