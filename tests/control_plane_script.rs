@@ -1,5 +1,7 @@
-//! Tests for scripts/control-plane: it starts a real etcd + kube-apiserver,
-//! and stops exactly what it started. Also exercises tests/support.
+//! Tests for scripts/control-plane: it starts a real etcd + kube-apiserver
+//! (and with `--nodes`, a whole cluster: controller manager, scheduler and
+//! nodes simulated by kwok), and stops exactly what it started. Also
+//! exercises tests/support.
 //!
 //! These tests fail (they do not skip) when the control plane cannot be
 //! built or started. The first run builds the binaries (minutes); later runs
@@ -151,6 +153,12 @@ fn up_serves_kubernetes_and_down_stops_everything() {
     }
     for port in ports {
         assert!(port_open(port), "nothing listens on 127.0.0.1:{port}");
+    }
+    for name in NODE_COMPONENTS {
+        assert!(
+            !dir.join(format!("{name}.pid")).exists(),
+            "a plane without --nodes started {name}"
+        );
     }
 
     let kubectl = kubectl_bin();
@@ -312,4 +320,103 @@ fn support_provides_a_shared_plane() {
     });
     let got = check(support::kubectl().args(["get", "namespace", &created, "-o", "name"]));
     assert_eq!(stdout(&got).trim(), format!("namespace/{created}"));
+}
+
+/// The processes `up --nodes` adds to etcd and kube-apiserver.
+const NODE_COMPONENTS: [&str; 3] = ["kube-controller-manager", "kube-scheduler", "kwok"];
+
+#[test]
+fn up_with_nodes_rolls_out_a_deployment_and_down_stops_everything() {
+    let _serial = serial();
+    check(script().args(["build", "--nodes"]));
+    let plane = PlaneDir::new("nodes");
+    let dir = plane.path();
+    let started = Instant::now();
+    check(
+        script()
+            .arg("up")
+            .arg("--dir")
+            .arg(dir)
+            .args(["--nodes", "1"]),
+    );
+    eprintln!("up --nodes 1 took {:?}", started.elapsed());
+
+    let names = ["etcd", "kube-apiserver"]
+        .into_iter()
+        .chain(NODE_COMPONENTS)
+        .collect::<Vec<_>>();
+    let pids = names.iter().map(|name| plane.pid(name)).collect::<Vec<_>>();
+    for (name, pid) in names.iter().zip(&pids) {
+        assert!(alive(*pid), "{name} (pid {pid}) is not running");
+    }
+    let status = stdout(&check(script().arg("status").arg("--dir").arg(dir)));
+    for name in &names {
+        assert!(
+            status.contains(&format!("{name}: running")),
+            "status does not report {name} running:\n{status}"
+        );
+    }
+    let ports = NODE_COMPONENTS
+        .into_iter()
+        .chain(["etcd", "kube-apiserver"])
+        .map(|name| plane.port(name))
+        .collect::<Vec<_>>();
+
+    let kubectl = || {
+        let mut command = Command::new(kubectl_bin());
+        command
+            .arg("--kubeconfig")
+            .arg(dir.join("kubeconfig"))
+            .args(["--namespace", "default"]);
+        command
+    };
+    // up returns once the node is Ready; nothing to wait for here.
+    let ready = stdout(&check(kubectl().args([
+        "get",
+        "node",
+        "kwok-node-1",
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+    ])));
+    assert_eq!(ready.trim(), "True", "kwok-node-1 is not Ready after up");
+
+    // The ReplicaSet controller creates the Pods, the scheduler binds them to
+    // the node, kwok makes them Running and Ready: the Deployment is Available.
+    check(kubectl().args([
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx",
+        "--replicas=2",
+    ]));
+    check(kubectl().args([
+        "wait",
+        "--for=condition=Available",
+        "deployment/web",
+        "--timeout=60s",
+    ]));
+    let pods = stdout(&check(kubectl().args([
+        "get",
+        "pods",
+        "--selector=app=web",
+        "-o",
+        r#"jsonpath={range .items[*]}{.spec.nodeName} {.status.phase}{"\n"}{end}"#,
+    ])));
+    assert_eq!(
+        pods.lines().collect::<Vec<_>>(),
+        ["kwok-node-1 Running", "kwok-node-1 Running"],
+        "the Deployment's Pods are not both Running on kwok-node-1"
+    );
+
+    check(script().arg("down").arg("--dir").arg(dir));
+    for (name, pid) in names.iter().zip(&pids) {
+        assert!(!alive(*pid), "{name} (pid {pid}) survived down");
+    }
+    for port in ports {
+        assert!(
+            !port_open(port),
+            "127.0.0.1:{port} still accepts connections after down"
+        );
+    }
+    assert!(!dir.exists(), "down did not remove {}", dir.display());
 }
