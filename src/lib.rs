@@ -167,6 +167,7 @@ fn render_rule_errors(errors: &[RuleErrors]) -> String {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -303,6 +303,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Counted<I> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -461,6 +461,7 @@ fn answer(response: &review::AdmissionResponse) -> Reply {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use crate::state::AdmissionConfig;

@@ -195,6 +195,7 @@ fn operation_label(operation: &str) -> &'static str {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use std::cell::RefCell;
     use std::collections::HashMap;

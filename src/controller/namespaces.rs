@@ -140,6 +140,7 @@ fn labels_of(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, Strin
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use kube::api::ObjectMeta;

@@ -557,6 +557,7 @@ impl Duty for Rules {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use crate::controller::discovery::tests::served;

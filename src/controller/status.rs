@@ -247,6 +247,7 @@ impl Duty for Status {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;

@@ -636,6 +636,7 @@ impl Duty for Webhooks {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use crate::controller::discovery::tests::served;

@@ -195,6 +195,7 @@ fn budget(text: &str) -> Result<Duration, String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use clap::Parser;

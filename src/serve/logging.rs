@@ -32,6 +32,7 @@ pub fn text_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> +
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

@@ -338,6 +338,7 @@ fn der_time(tag: u8, contents: &[u8]) -> Option<i64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 pub(super) mod tests {
     use std::sync::Arc;
 

@@ -175,6 +175,7 @@ async fn refresh_files(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use std::sync::Arc;
     use std::time::Duration;

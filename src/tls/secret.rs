@@ -242,6 +242,7 @@ pub(super) async fn refresh_secret(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 pub(super) mod tests {
     use std::sync::Arc;
 
