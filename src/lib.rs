@@ -14,7 +14,6 @@ pub mod engine;
 pub mod metrics;
 pub mod ops;
 pub mod serve;
-pub mod state;
 pub mod tls;
 
 use engine::RuleErrors;

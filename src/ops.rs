@@ -10,7 +10,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::state::Shared;
+use crate::admission::state::Shared;
 
 /// Content type of the OpenMetrics text exposition that `prometheus-client` writes.
 pub const OPENMETRICS_CONTENT_TYPE: &str =

@@ -13,8 +13,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use initium::admission::state::{AdmissionConfig, NamespaceLabels, Shared};
 use initium::engine::{RuleIndex, compile_document};
-use initium::state::{AdmissionConfig, NamespaceLabels, Shared};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 

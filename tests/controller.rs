@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::routing::post;
 use axum_server::tls_rustls::RustlsConfig;
+use initium::admission::state::{AdmissionConfig, Shared};
 use initium::api::{ClusterMutationRule, FailurePolicy, MutationRule};
 use initium::controller::webhooks::{self, RuleNeeds};
 use initium::controller::{self, ControllerConfig, ControllerError, WebhookEndpoint, discovery};
 use initium::engine::{RuleId, compile};
-use initium::state::{AdmissionConfig, Shared};
 use initium::tls;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -136,7 +136,8 @@ struct Running {
 impl Running {
     async fn start(client: &kube::Client, config: ControllerConfig) -> Running {
         log();
-        let tls = tls::load(client, &config)
+        let tls = config
+            .load_tls(client)
             .await
             .unwrap_or_else(|e| panic!("tls::load: {e}"));
         Running::start_with(client, config, tls)
@@ -884,7 +885,7 @@ async fn one_replica_writes_and_another_takes_over_when_it_stops() {
     );
 
     // Both start at the same moment: the Secret is created once, and both serve its CA.
-    let (tls_a, tls_b) = tokio::join!(tls::load(&client, &config_a), tls::load(&client, &config_b));
+    let (tls_a, tls_b) = tokio::join!(config_a.load_tls(&client), config_b.load_tls(&client));
     let (tls_a, tls_b) = (tls_a.expect("tls for a"), tls_b.expect("tls for b"));
     assert!(tls_a.ca_bundle().is_some());
     assert_eq!(

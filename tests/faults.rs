@@ -1634,9 +1634,9 @@ struct InProcess {
 
 impl InProcess {
     async fn start(client: &kube::Client, namespace: &str, name: &str) -> InProcess {
+        use initium::admission::state::{AdmissionConfig, Shared};
         use initium::controller::{self, ControllerConfig, WebhookEndpoint};
-        use initium::state::{AdmissionConfig, Shared};
-        use initium::tls::{self, TlsSource};
+        use initium::tls::TlsSource;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
         listener.set_nonblocking(true).expect("non-blocking");
         let port = listener.local_addr().expect("an address").port();
@@ -1652,7 +1652,8 @@ impl InProcess {
             secret: "initium-tls".into(),
             refresh_interval: Duration::from_secs(1),
         };
-        let tls = tls::load(client, &config)
+        let tls = config
+            .load_tls(client)
             .await
             .expect("the self-managed certificate");
         let shared = Shared::new(AdmissionConfig {

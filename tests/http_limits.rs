@@ -14,7 +14,7 @@ use axum_server::Handle;
 use axum_server::tls_rustls::RustlsConfig;
 use futures::StreamExt as _;
 use initium::admission::Limits;
-use initium::state::{AdmissionConfig, Shared};
+use initium::admission::state::{AdmissionConfig, Shared};
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use tower::ServiceExt;

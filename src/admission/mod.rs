@@ -2,11 +2,14 @@
 //!
 //! `POST /mutate` is the mutating webhook (rules applied, one JSON patch back); `POST /validate`
 //! is the validating webhook for the rules themselves. Handlers parse the AdmissionReview, call
-//! the engine and answer; nothing on this path waits on the network.
+//! the engine and answer; nothing on this path waits on the network. What they read — the rule
+//! index, the Namespace labels, readiness, the metrics — is [`state::Shared`], which the
+//! controller's duties write.
 
 pub(crate) mod limits;
 mod mutate;
 mod review;
+pub mod state;
 mod telemetry;
 mod validate;
 
@@ -27,7 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use tracing::{Instrument as _, Span};
 
-use crate::state::Shared;
+use state::Shared;
 
 pub use limits::Limits;
 pub use review::WARNING_MAX_CHARS;
@@ -463,8 +466,8 @@ fn answer(response: &review::AdmissionResponse) -> Reply {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
+    use super::state::AdmissionConfig;
     use super::*;
-    use crate::state::AdmissionConfig;
     use axum::body::Body;
     use tower::ServiceExt as _;
 

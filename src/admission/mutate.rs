@@ -6,8 +6,8 @@ use base64::engine::general_purpose::STANDARD;
 
 use serde_json::Value;
 
+use super::state::Shared;
 use crate::engine::{Denial, Gvk, Outcome, RuleId, Subject};
-use crate::state::Shared;
 
 use super::review::{self, AdmissionRequest, AdmissionResponse};
 use super::telemetry::{self, Record, Verdict};

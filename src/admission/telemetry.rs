@@ -209,9 +209,9 @@ mod tests {
     use tower::ServiceExt as _;
     use tracing::dispatcher::{self, DefaultGuard, Dispatch};
 
+    use crate::admission::state::{AdmissionConfig, Shared};
     use crate::admission::{Limits, router};
     use crate::engine::{RuleIndex, compile_document};
-    use crate::state::{AdmissionConfig, Shared};
 
     const POD_REVIEW: &str = include_str!("../../tests/data/admission/pod-create.json");
     const RULE_REVIEW: &str =

@@ -6,9 +6,9 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
+use super::state::Shared;
 use crate::api::{GROUP, Operation};
 use crate::engine::{RuleErrors, compile_document};
-use crate::state::Shared;
 
 use super::review::{self, AdmissionResponse, StatusCause, StatusDetails};
 use super::telemetry::{self, Record, Verdict};

@@ -34,14 +34,14 @@
 //! ```no_run
 //! # async fn serve(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
 //! use initium::controller::{self, ControllerConfig, WebhookEndpoint};
-//! use initium::state::{AdmissionConfig, Shared};
+//! use initium::admission::state::{AdmissionConfig, Shared};
 //!
 //! let shared = Shared::new(AdmissionConfig::default());
 //! let config = ControllerConfig::new(
 //!     "initium-system",
 //!     WebhookEndpoint::Service { name: "initium".into(), namespace: "initium-system".into(), port: 443 },
 //! );
-//! let tls = initium::tls::load(&client, &config).await?;
+//! let tls = config.load_tls(&client).await?;
 //! let server_tls = tls.rustls_config(); // give this to the HTTPS server
 //! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
 //! let controller = tokio::spawn(controller::run(client, shared, config, tls, async move {
@@ -54,6 +54,7 @@
 //! # }
 //! ```
 
+pub mod certificates;
 pub mod discovery;
 pub(crate) mod duty;
 pub mod leader;
@@ -68,9 +69,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::admission::state::Shared;
 use crate::api::FailurePolicy;
-use crate::state::Shared;
-use crate::tls::{Certificates, Tls, TlsError, TlsSource};
+use crate::tls::{Tls, TlsError, TlsSource};
 use duty::Supervisor;
 
 /// A hash of `salt` and `value` as JSON: tells whether a spec or a status is the same as one
@@ -148,6 +149,14 @@ impl ControllerConfig {
             discovery_interval: Duration::from_secs(60),
             resync_interval: Duration::from_secs(60),
         }
+    }
+
+    /// Loads (or, self-managed, creates) the serving certificate this configuration names:
+    /// from its [`tls`](Self::tls) source, for its endpoint's names. Call once at start,
+    /// before serving; pass the result to [`run`], which keeps it current.
+    pub async fn load_tls(&self, client: &kube::Client) -> Result<Tls, TlsError> {
+        let names = self.endpoint.certificate_names();
+        crate::tls::load(client, &self.namespace, names, &self.tls).await
     }
 
     /// Checks what the API server would otherwise reject later, or what would panic.
@@ -298,7 +307,7 @@ pub async fn run(
         ca_bundle,
         leader.clone(),
     ));
-    duties.start(Certificates::new(
+    duties.start(certificates::Certificates::new(
         tls,
         leader,
         shared.metrics.certificate_expiry.clone(),

@@ -11,7 +11,7 @@ use kube::{Api, Client};
 
 use super::duty::{Context, Duty};
 use super::{ControllerError, Readiness};
-use crate::state::{NamespaceLabels, Shared};
+use crate::admission::state::{NamespaceLabels, Shared};
 
 /// Applies watch events to a copy of the labels; says whether anything changed.
 #[derive(Default)]

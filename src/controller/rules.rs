@@ -19,9 +19,9 @@ use super::discovery::Served;
 use super::duty::{Context, Duty};
 use super::webhooks::{Inputs, RuleNeeds};
 use super::{ControllerError, Readiness, json_hash};
+use crate::admission::state::Shared;
 use crate::api::{ClusterMutationRule, MutationRule, RuleSpec, RuleStatus};
 use crate::engine::{CompiledRule, RuleErrors, RuleId, RuleIndex, compile};
-use crate::state::Shared;
 
 /// Why a rule is (not) Ready; becomes its `Ready` condition.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use crate::admission::state::{AdmissionConfig, Shared};
 use crate::controller::{self, ControllerConfig, WebhookEndpoint};
-use crate::state::{AdmissionConfig, Shared};
-use crate::tls::{self, CaBundleSource, TlsSource};
+use crate::tls::{CaBundleSource, TlsSource};
 use crate::{Error, admission, ops};
 
 /// Stack of every runtime thread.
@@ -92,7 +92,7 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
         },
     };
     config.validate()?;
-    let tls = tls::load(&client, &config).await?;
+    let tls = config.load_tls(&client).await?;
     let rustls = tls.rustls_config();
 
     let mut excluded_namespaces = vec![args.namespace.clone()];

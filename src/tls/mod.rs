@@ -31,9 +31,9 @@
 //!
 //! [`WebhookEndpoint::certificate_names`]: crate::controller::WebhookEndpoint::certificate_names
 
-mod pki;
+pub(crate) mod pki;
 mod reload;
-mod secret;
+pub(crate) mod secret;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -47,9 +47,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::watch;
 
-use crate::controller::ControllerConfig;
 use pki::Material;
-pub(crate) use reload::Certificates;
 
 /// Where the serving certificate comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -204,6 +202,23 @@ impl Tls {
         self.not_after
     }
 
+    /// How often the source is read again.
+    pub fn refresh_interval(&self) -> Duration {
+        match &self.source {
+            Source::SelfManaged { refresh, .. } | Source::Files { refresh, .. } => *refresh,
+        }
+    }
+
+    /// What a failed [`refresh`](Tls::refresh) means for the person reading the log.
+    pub fn refresh_failure(&self) -> &'static str {
+        match &self.source {
+            Source::SelfManaged { .. } => "refreshing the TLS Secret failed",
+            Source::Files { .. } => {
+                "reading the certificate files failed; serving the last good certificate"
+            }
+        }
+    }
+
     pub(crate) fn ca_bundle_receiver(&self) -> watch::Receiver<Option<Vec<u8>>> {
         self.ca_bundle.subscribe()
     }
@@ -230,18 +245,23 @@ enum Source {
     },
 }
 
-/// Loads (or, self-managed, creates) the serving certificate that `config` asks for. Call
-/// once at start, before serving; pass the result to `controller::run`.
-pub async fn load(client: &Client, config: &ControllerConfig) -> Result<Tls, TlsError> {
-    config.tls.validate()?;
-    match &config.tls {
+/// Loads (or, self-managed, creates in a Secret of `namespace`) the serving certificate that
+/// `source` names, for the DNS names or IP addresses `names`. Call once at start, before
+/// serving; pass the result to `controller::run`, which keeps it current.
+pub async fn load(
+    client: &Client,
+    namespace: &str,
+    names: Vec<String>,
+    source: &TlsSource,
+) -> Result<Tls, TlsError> {
+    source.validate()?;
+    match source {
         TlsSource::SelfManaged {
             secret,
             refresh_interval,
         } => {
-            let api = Api::<Secret>::namespaced(client.clone(), &config.namespace);
-            let names = config.endpoint.certificate_names();
-            let origin = format!("Secret {}/{secret}", config.namespace);
+            let api = Api::<Secret>::namespaced(client.clone(), namespace);
+            let origin = format!("Secret {namespace}/{secret}");
             let material = secret::load_or_create(&api, secret, &names, &origin).await?;
             let certificate = |message| TlsError::Certificate {
                 origin: origin.clone(),

@@ -65,7 +65,7 @@ pub(super) struct Meta {
 
 /// Everything in the Secret, PEM-encoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Material {
+pub(crate) struct Material {
     pub(super) meta: Meta,
     pub(super) serving_cert: String,
     pub(super) serving_key: String,
@@ -75,7 +75,19 @@ pub(super) struct Material {
     pub(super) next_ca: Option<(String, String)>,
 }
 
-pub(super) fn now_unix() -> i64 {
+/// What tests outside `tls` read of a [`Material`].
+#[cfg(test)]
+impl Material {
+    pub(crate) fn serving_not_after(&self) -> i64 {
+        self.meta.serving.not_after
+    }
+
+    pub(crate) fn serving_pem(&self) -> (&str, &str) {
+        (&self.serving_cert, &self.serving_key)
+    }
+}
+
+pub(crate) fn now_unix() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
@@ -154,7 +166,7 @@ fn new_serving(
 
 /// What the leader does with the Secret's certificates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Plan {
+pub(crate) enum Plan {
     Keep,
     /// Issue a new serving certificate from the signing CA (due, or the names changed).
     RenewServing,
@@ -183,7 +195,7 @@ pub(super) fn plan(meta: &Meta, names: &[String], now: i64) -> Plan {
 }
 
 impl Material {
-    pub(super) fn create(names: &[String], now: i64) -> Result<Material, String> {
+    pub(crate) fn create(names: &[String], now: i64) -> Result<Material, String> {
         let (ca_cert, ca_key, authority) = new_authority(now)?;
         let (serving_cert, serving_key, serving) = new_serving(names, &authority, &ca_key, now)?;
         Ok(Material {
@@ -203,7 +215,7 @@ impl Material {
     }
 
     /// Carries out `plan` (anything but `Keep`).
-    pub(super) fn renew(&self, plan: Plan, names: &[String], now: i64) -> Result<Material, String> {
+    pub(crate) fn renew(&self, plan: Plan, names: &[String], now: i64) -> Result<Material, String> {
         let mut next = self.clone();
         match plan {
             Plan::Keep => {}
@@ -339,7 +351,7 @@ fn der_time(tag: u8, contents: &[u8]) -> Option<i64> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use rustls::RootCertStore;
@@ -350,7 +362,7 @@ pub(super) mod tests {
     use super::*;
     use crate::tls::server_config;
 
-    pub(in crate::tls) fn names() -> Vec<String> {
+    pub(crate) fn names() -> Vec<String> {
         vec![
             "initium.initium-system.svc".into(),
             "initium.initium-system.svc.cluster.local".into(),

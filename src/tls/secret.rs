@@ -26,7 +26,7 @@ const NEXT_CA_CRT: &str = "next-ca.crt";
 const NEXT_CA_KEY: &str = "next-ca.key";
 
 impl Material {
-    pub(super) fn from_secret(secret: &Secret) -> Result<Material, String> {
+    pub(crate) fn from_secret(secret: &Secret) -> Result<Material, String> {
         let data = secret.data.clone().unwrap_or_default();
         let text = |key: &str| -> Result<String, String> {
             let bytes = data
@@ -63,7 +63,7 @@ impl Material {
     }
 
     /// The Secret holding this material (`resource_version` makes a replace conditional).
-    pub(super) fn to_secret(&self, name: &str, resource_version: Option<String>) -> Secret {
+    pub(crate) fn to_secret(&self, name: &str, resource_version: Option<String>) -> Secret {
         let mut data = BTreeMap::new();
         let mut put = |key: &str, value: &str| {
             data.insert(key.to_string(), ByteString(value.as_bytes().to_vec()));
@@ -243,7 +243,7 @@ pub(super) async fn refresh_secret(
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use kube::Client;
@@ -277,7 +277,7 @@ pub(super) mod tests {
     }
 
     /// (409 if it exists) and replace (409 unless the resourceVersion matches).
-    pub(in crate::tls) fn fake_secrets() -> (Api<Secret>, Arc<std::sync::Mutex<Option<Secret>>>) {
+    pub(crate) fn fake_secrets() -> (Api<Secret>, Arc<std::sync::Mutex<Option<Secret>>>) {
         use axum::http::{Method, Request, Response, StatusCode};
         use kube::client::Body;
         let store = Arc::new(std::sync::Mutex::new(None::<Secret>));

@@ -12,8 +12,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::Semaphore;
 
-use crate::admission::Limits;
-use crate::admission::limits::InflightBytes;
+use super::Limits;
+use super::limits::InflightBytes;
 use crate::engine::{Limits as RuleLimits, RuleIndex};
 use crate::metrics::Metrics;
 
