@@ -19,8 +19,8 @@
 //! - [`discovery`]: which kinds the API server serves, and which initium never intercepts.
 //! - [`status`]: the `Ready` condition of every rule.
 //! - [`webhooks`]: the MutatingWebhookConfiguration and ValidatingWebhookConfiguration.
-//! - `certificates`: the serving certificate and caBundle, kept current by the reload duty
-//!   of [`crate::tls`].
+//! - [`certificates`]: keeps the serving certificate and caBundle current ([`crate::tls`]
+//!   loads and reloads them), and the `initium_certificate_expiry_timestamp_seconds` gauge.
 //!
 //! **Adding a duty** (the gate controller next): write `src/controller/gate.rs` with a type
 //! that implements `duty::Duty` (`const NAME: &str = "gates"` and `async fn run(&mut self,
@@ -241,7 +241,7 @@ impl ControllerError {
 /// Runs the controller until `shutdown` completes: the watches that feed `shared` (rule
 /// index, Namespace labels, readiness), the leader election, and, while this replica holds
 /// the Lease, the writers (rule status, webhook configurations, certificate renewal). `tls`
-/// comes from [`crate::tls::load`]; the controller keeps it current (reloading the
+/// comes from [`ControllerConfig::load_tls`]; the controller keeps it current (reloading the
 /// certificate the HTTPS server uses and publishing the caBundle).
 ///
 /// Watches and writes that fail are retried with backoff, logged and counted per duty; a duty
