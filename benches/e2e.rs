@@ -23,7 +23,8 @@
 //!     scripts/bench e2e --pods 500 --concurrency 4
 //!     cargo bench --bench e2e -- --pods 500 --concurrency 4
 
-mod cluster;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -35,7 +36,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use cluster::{Initium, InitiumOptions, Percentiles, Plane, mib, round};
+use support::cluster::{create_rules, ready_rules};
+use support::measure::{Percentiles, machine, memory, mib, round};
+use support::plane::{Plane, root};
+use support::process::{GRACE, Initium, InitiumOptions, free_port, terminate};
+use support::wait::poll;
 
 /// Pod CREATE latency through the API server: no mutation, MutatingAdmissionPolicy, initium.
 #[derive(Parser, Debug)]
@@ -247,7 +252,7 @@ fn run(args: &Args) -> Result<()> {
         configs.push(KYVERNO);
     }
 
-    let kyverno_script = cluster::root().join("scripts/bench.d/kyverno");
+    let kyverno_script = root().join("scripts/bench.d/kyverno");
     if args.kyverno {
         // The first build takes minutes; its progress goes to stderr.
         let status = std::process::Command::new(&kyverno_script)
@@ -268,7 +273,7 @@ fn run(args: &Args) -> Result<()> {
             "kyverno" => &[("initium-bench", "kyverno")],
             _ => &[],
         };
-        plane.namespace(config.namespace, labels)?;
+        plane.ensure_namespace(config.namespace, labels)?;
     }
     plane.apply(MAP_POLICY)?;
 
@@ -278,7 +283,7 @@ fn run(args: &Args) -> Result<()> {
     ];
     rules.extend(other_rules(INITIUM_1000.namespace, args.other_rules));
     let started = Instant::now();
-    runtime.block_on(cluster::create_rules(&client, &rules, 16))?;
+    runtime.block_on(create_rules(&client, &rules, 16))?;
     eprintln!(
         "bench: created {} rules in {:.1}s",
         rules.len(),
@@ -313,19 +318,24 @@ fn run(args: &Args) -> Result<()> {
         None
     };
     let want = rules.len();
-    cluster::eventually(
+    poll(
+        "every rule's Ready status",
         Duration::from_secs(600),
         Duration::from_secs(1),
-        "every rule's Ready status",
-        || Ok((runtime.block_on(cluster::ready_rules(&client))? >= want).then_some(())),
+        || {
+            let ready = runtime.block_on(ready_rules(&client))?;
+            Ok((ready >= want)
+                .then_some(())
+                .ok_or_else(|| format!("{ready} of {want} rules Ready")))
+        },
     )?;
 
     // Each configuration in effect: a dry-run Pod comes back mutated exactly where it should.
     for config in &configs {
-        cluster::eventually(
+        poll(
+            &format!("the {} configuration to take effect", config.name),
             Duration::from_secs(120),
             Duration::from_millis(500),
-            &format!("the {} configuration to take effect", config.name),
             || {
                 let api: Api<Pod> = Api::namespaced(client.clone(), config.namespace);
                 let created = runtime.block_on(api.create(
@@ -335,7 +345,9 @@ fn run(args: &Args) -> Result<()> {
                     },
                     &pod("dry-run")?,
                 ))?;
-                Ok((is_mutated(&created, config.namespace) == config.mutates).then_some(()))
+                Ok((is_mutated(&created, config.namespace) == config.mutates)
+                    .then_some(())
+                    .ok_or_else(|| format!("a dry-run Pod came back as {:?}", created.metadata)))
             },
         )?;
     }
@@ -345,7 +357,7 @@ fn run(args: &Args) -> Result<()> {
     let memory = Memory {
         initium_peak_kib: initium.memory()?.peak_kib,
         kyverno_peak_kib: match &kyverno {
-            Some(k) => Some(cluster::memory(k.child.id())?.peak_kib),
+            Some(k) => Some(memory(k.child.id())?.peak_kib),
             None => None,
         },
     };
@@ -371,7 +383,7 @@ struct Kyverno {
 
 impl Kyverno {
     fn start(plane: &Plane, script: &std::path::Path) -> Result<Kyverno> {
-        let port = cluster::free_port()?;
+        let port = free_port()?;
         let log =
             std::env::temp_dir().join(format!("kyverno-bench-e2e-{}.log", std::process::id()));
         let child = std::process::Command::new(script)
@@ -398,10 +410,10 @@ impl Kyverno {
             log.display()
         );
         let url = format!("https://127.0.0.1:{port}/health/readiness");
-        cluster::eventually(
+        poll(
+            "kyverno's readiness",
             Duration::from_secs(180),
             Duration::from_millis(200),
-            "kyverno's readiness",
             || {
                 if let Ok(Some(status)) = kyverno.child.try_wait() {
                     bail!("kyverno exited ({status}); see {}", log.display());
@@ -410,32 +422,24 @@ impl Kyverno {
                     .args(["-fsk", "--max-time", "2", "-o", "/dev/null", &url])
                     .status()
                     .is_ok_and(|s| s.success());
-                Ok(ready.then_some(()))
+                Ok(ready
+                    .then_some(())
+                    .ok_or_else(|| format!("{url} is not ready")))
             },
         )?;
-        let policy =
-            std::fs::read_to_string(cluster::root().join("scripts/bench.d/kyverno-policy.yaml"))?;
+        let policy = std::fs::read_to_string(root().join("scripts/bench.d/kyverno-policy.yaml"))?;
         // Kyverno's own webhook validates policies: it may take a moment to be registered.
-        cluster::eventually(
+        poll(
+            "kyverno to accept the policy",
             Duration::from_secs(60),
             Duration::from_millis(500),
-            "kyverno to accept the policy",
-            || Ok(plane.apply(&policy).ok()),
+            || Ok(plane.apply(&policy).map_err(|e| format!("{e:#}"))),
         )?;
-        cluster::eventually(
+        plane.wait_condition(
+            "clusterpolicy",
+            "initium-bench-test-ca",
+            "Ready",
             Duration::from_secs(120),
-            Duration::from_millis(200),
-            "the Kyverno policy to be Ready",
-            || {
-                let status = cluster::run(plane.kubectl().args([
-                    "get",
-                    "clusterpolicy",
-                    "initium-bench-test-ca",
-                    "-o",
-                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-                ]))?;
-                Ok((status.trim() == "True").then_some(()))
-            },
         )?;
         Ok(kyverno)
     }
@@ -444,7 +448,7 @@ impl Kyverno {
 impl Drop for Kyverno {
     fn drop(&mut self) {
         // `run` execs kyverno, so this is kyverno's pid.
-        cluster::terminate(&mut self.child);
+        terminate(&mut self.child, GRACE);
         // It leaves its webhook configurations behind.
         let _ = self.cleanup.status();
     }
@@ -521,7 +525,7 @@ fn report(args: &Args, configs: &[Config], measured: Measured, memory: Memory) -
         .map(|(name, samples)| (name, Percentiles::new(samples)))
         .collect();
     let get = |name: &str| stats.get(name).context("missing configuration");
-    println!("e2e benchmark: {}", cluster::machine());
+    println!("e2e benchmark: {}", machine());
     println!(
         "  Pod CREATE through kube-apiserver: {} Pods per configuration in rounds of {}, {} in flight",
         args.pods, args.batch, args.concurrency

@@ -6,7 +6,8 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-mod common;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -14,9 +15,10 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use initium::api::Operation;
 use initium::engine::{Gvk, RuleIndex, Subject, compile_document};
+use support::fixtures;
 
 fn index(total: usize) -> RuleIndex {
-    let compiled = common::rules(total)
+    let compiled = fixtures::rules(total)
         .iter()
         .map(|doc| compile_document(doc, "default").unwrap_or_else(|e| panic!("{e}")))
         .collect();
@@ -24,7 +26,7 @@ fn index(total: usize) -> RuleIndex {
 }
 
 fn admission(c: &mut Criterion) {
-    let pod = common::pod();
+    let pod = fixtures::pod();
     let size = serde_json::to_vec(&pod)
         .map(|v| v.len())
         .unwrap_or_default();

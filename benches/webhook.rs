@@ -21,8 +21,8 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-mod cluster;
-mod common;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,7 +37,12 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio_rustls::rustls;
 
-use cluster::{Initium, InitiumOptions, Percentiles, Plane, mib, round};
+use support::cluster::{create_rules, ready_rules};
+use support::fixtures;
+use support::measure::{Percentiles, machine, memory, mib, round};
+use support::plane::{Plane, root, run as run_command};
+use support::process::{Initium, InitiumOptions};
+use support::wait::poll;
 
 /// Load generator for `initium serve`'s `/mutate` webhook.
 #[derive(Parser, Debug)]
@@ -86,10 +91,10 @@ fn run(args: &Args) -> Result<()> {
 
     let plane = Plane::up("webhook")?;
     plane.install_crds()?;
-    let rules = common::rules(args.rules as usize);
+    let rules = fixtures::rules(args.rules as usize);
     let client = setup.block_on(plane.client())?;
     let started = Instant::now();
-    setup.block_on(cluster::create_rules(&client, &rules, 32))?;
+    setup.block_on(create_rules(&client, &rules, 32))?;
     eprintln!(
         "bench: created {} rules through the API server in {:.1}s",
         rules.len(),
@@ -109,27 +114,34 @@ fn run(args: &Args) -> Result<()> {
         },
     )?;
     let want = rules.len() as f64;
-    cluster::eventually(
+    poll(
+        "every rule compiled into initium's index",
         Duration::from_secs(600),
         Duration::from_millis(200),
-        "every rule compiled into initium's index",
         || {
             let ready = initium.metric("initium_rules{state=\"ready\"")?;
             let invalid = initium.metric("initium_rules{state=\"invalid\"")?;
             if invalid > 0.0 && ready + invalid >= want {
                 bail!("{invalid} rules are not Ready; see {}", log.display());
             }
-            Ok((ready >= want).then_some(()))
+            Ok((ready >= want)
+                .then_some(())
+                .ok_or_else(|| format!("{ready} of {want} rules compiled")))
         },
     )?;
     let compiled_after = started.elapsed();
     // The Lease holder writes every rule's status once at start-up; wait for it, so the load
     // runs on a quiet process.
-    cluster::eventually(
+    poll(
+        "every rule's Ready status",
         Duration::from_secs(900),
         Duration::from_secs(2),
-        "every rule's Ready status",
-        || Ok((setup.block_on(cluster::ready_rules(&client))? >= rules.len()).then_some(())),
+        || {
+            let ready = setup.block_on(ready_rules(&client))?;
+            Ok((ready >= rules.len())
+                .then_some(())
+                .ok_or_else(|| format!("{ready} of {} rules Ready", rules.len())))
+        },
     )?;
     let settled_after = started.elapsed();
     let memory_idle = initium.memory()?;
@@ -148,9 +160,9 @@ fn run(args: &Args) -> Result<()> {
     let bodies = Bodies::new()?;
     let tls = tls_config(&ca)?;
     // Before pinning: available_parallelism follows this process's CPU affinity.
-    let machine = cluster::machine();
+    let machine = machine();
     if args.pin {
-        cluster::run(std::process::Command::new("taskset").args([
+        run_command(std::process::Command::new("taskset").args([
             "-a",
             "-p",
             "-c",
@@ -187,7 +199,7 @@ fn run(args: &Args) -> Result<()> {
     println!(
         "  {} rules ({} match the Pod), {} connections, {} client thread(s){}, {}s measured after {}s warm-up",
         rules.len(),
-        common::matching_rules().len(),
+        fixtures::matching_rules().len(),
         args.concurrency,
         args.client_threads,
         if args.pin {
@@ -269,7 +281,7 @@ struct Bodies {
 impl Bodies {
     fn new() -> Result<Bodies> {
         let recorded = |name: &str| -> Result<Value> {
-            let path = cluster::root()
+            let path = root()
                 .join("tests/data/admission")
                 .join(format!("{name}.json"));
             let text = std::fs::read_to_string(&path)
@@ -277,7 +289,7 @@ impl Bodies {
             Ok(serde_json::from_str(&text)?)
         };
         let mut pod = recorded("pod-create")?;
-        let object = common::pod();
+        let object = fixtures::pod();
         pod["request"]["namespace"] = object["metadata"]["namespace"].clone();
         pod["request"]["object"] = object;
         let deployment = recorded("deployment-create")?;
@@ -388,7 +400,7 @@ async fn check_answers(
         .and_then(|op| op["value"].as_str())
         .context("the patch has no initium.dev/mutated-by annotation")?;
     let applied = provenance.split(',').count();
-    let expected = common::matching_rules().len();
+    let expected = fixtures::matching_rules().len();
     if applied != expected {
         bail!("{applied} rules changed the Pod, expected {expected}: {provenance}");
     }
@@ -536,7 +548,7 @@ impl RssSampler {
             move || {
                 let mut highest = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok(memory) = cluster::memory(pid) {
+                    if let Ok(memory) = memory(pid) {
                         highest = highest.max(memory.rss_kib);
                     }
                     std::thread::sleep(Duration::from_millis(100));

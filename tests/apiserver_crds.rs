@@ -14,23 +14,18 @@ use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use initium::api::{ClusterMutationRule, MutationRule, RuleStatus};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-const CRD_NAMES: [&str; 2] = [
-    "mutationrules.initium.dev",
-    "clustermutationrules.initium.dev",
-];
 /// How long to wait for the API server to catch up (CRD establishment, discovery, OpenAPI).
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------------
-// kubectl and polling helpers
+// kubectl helpers
 
 /// One finished kubectl run; `Display` shows the command and everything it printed.
 struct Run {
@@ -101,82 +96,11 @@ fn kubectl_ok(args: &[&str]) -> String {
     run.stdout()
 }
 
-/// Calls `attempt` until it returns `Ok`, at most for `timeout`; the error says what was
-/// awaited and what the last attempt saw.
-fn poll<T>(
-    what: &str,
-    timeout: Duration,
-    mut attempt: impl FnMut() -> Result<T, String>,
-) -> Result<T, String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match attempt() {
-            Ok(value) => return Ok(value),
-            Err(last) if Instant::now() >= deadline => {
-                return Err(format!(
-                    "timed out after {timeout:?} waiting for {what}; last attempt:\n{last}"
-                ));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-        }
-    }
-}
-
-use support::unique;
+use support::{eventually_blocking, install_crds, unique};
 
 /// Collapses all whitespace to single spaces (kubectl wraps long text).
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-// ---------------------------------------------------------------------------------------------
-// CRDs, installed once per test binary
-
-fn crds_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("crds")
-}
-
-/// Applies `crds/` (server-side apply, so re-applying is harmless) and waits until both CRDs
-/// are Established. Runs once; every caller gets the same outcome.
-fn install_crds() -> &'static Result<(), String> {
-    static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
-    INSTALLED.get_or_init(|| {
-        let dir = crds_dir();
-        let apply = kubectl(&[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager=initium-tests",
-            "-f",
-            dir.to_str().expect("UTF-8 path"),
-        ]);
-        if !apply.ok() {
-            return Err(format!("the API server rejected crds/:\n{apply}"));
-        }
-        for name in CRD_NAMES {
-            poll(&format!("CRD {name} to be Established"), TIMEOUT, || {
-                let get = kubectl(&["get", "crd", name, "-o", "jsonpath={.status.conditions}"]);
-                let conditions: Vec<Value> =
-                    serde_json::from_str(&get.stdout()).unwrap_or_default();
-                let established = conditions
-                    .iter()
-                    .any(|c| c["type"] == "Established" && c["status"] == "True");
-                if get.ok() && established {
-                    Ok(())
-                } else {
-                    Err(get.to_string())
-                }
-            })?;
-        }
-        Ok(())
-    })
-}
-
-/// Installs the CRDs (once) or fails the calling test with the API server's answer.
-fn crds() {
-    if let Err(e) = install_crds() {
-        panic!("{e}");
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -185,7 +109,7 @@ fn crds() {
 #[tokio::test]
 async fn crds_are_accepted_and_established() {
     // Every structural-schema and CEL problem shows up here, with the API server's message.
-    crds();
+    install_crds();
 
     let client = support::client().await;
     let api = Api::<CustomResourceDefinition>::all(client);
@@ -238,7 +162,7 @@ async fn crds_are_accepted_and_established() {
             "MutationRule",
         ],
     ];
-    poll("discovery to list initium.dev", TIMEOUT, || {
+    eventually_blocking("discovery to list initium.dev", TIMEOUT, || {
         let run = kubectl(&["api-resources", "--api-group=initium.dev", "--no-headers"]);
         let rows: Vec<Vec<String>> = run
             .stdout()
@@ -250,8 +174,7 @@ async fn crds_are_accepted_and_established() {
         } else {
             Err(format!("expected rows {expected_rows:?}\n{run}"))
         }
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -374,7 +297,7 @@ impl Drop for DeleteOnDrop {
 
 #[test]
 fn example_rules_apply_and_kubectl_get_shows_them_with_printer_columns() {
-    crds();
+    install_crds();
     let files = example_rule_files();
     assert!(!files.is_empty(), "no examples/*/rules.yaml found");
     let _cleanup = DeleteOnDrop(files.clone());
@@ -470,7 +393,7 @@ fn example_rules_apply_and_kubectl_get_shows_them_with_printer_columns() {
 
 #[test]
 fn kubectl_explain_shows_the_field_documentation() {
-    crds();
+    install_crds();
     // Phrases from the doc comments in src/api.rs.
     let cases = [
         (
@@ -505,15 +428,14 @@ fn kubectl_explain_shows_the_field_documentation() {
     for (field, phrase) in cases {
         // The OpenAPI document behind `explain` is published shortly after the CRD is
         // Established: wait for it.
-        poll(&format!("`kubectl explain {field}`"), TIMEOUT, || {
+        eventually_blocking(&format!("`kubectl explain {field}`"), TIMEOUT, || {
             let run = kubectl(&["explain", field]);
             if run.ok() && one_line(&run.stdout()).contains(phrase) {
                 Ok(())
             } else {
                 Err(format!("expected the phrase {phrase:?}\n{run}"))
             }
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
+        });
     }
 }
 
@@ -775,7 +697,7 @@ fn check_rejected(rule: &Invalid, namespace: &str, name: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn invalid_rules_are_rejected_with_readable_messages() {
-    crds();
+    install_crds();
     let namespace = support::namespace(&support::client().await, "invalid-rules").await;
     let problems: Vec<String> = INVALID_RULES
         .iter()
@@ -791,7 +713,7 @@ async fn invalid_rules_are_rejected_with_readable_messages() {
 
 #[tokio::test]
 async fn condition_without_matches_equals_or_exists_is_rejected() {
-    crds();
+    install_crds();
     let namespace = support::namespace(&support::client().await, "invalid-condition").await;
     let name = unique("no-predicate");
     let rule = Invalid {
@@ -836,7 +758,7 @@ fn ready_status(generation: i64, status: &str, message: &str) -> RuleStatus {
 
 #[tokio::test]
 async fn status_is_written_only_through_the_status_subresource() {
-    crds();
+    install_crds();
     let client = support::client().await;
     let namespace = support::namespace(&client, "status").await;
     let api = Api::<MutationRule>::namespaced(client, &namespace);
@@ -993,7 +915,7 @@ fn sent(rule: &Value) -> Value {
 
 #[tokio::test]
 async fn nulls_in_merge_patches_survive_the_api_server() {
-    crds();
+    install_crds();
     let client = support::client().await;
     let api = Api::<DynamicObject>::all_with(client.clone(), &cmr_resource());
 
@@ -1078,7 +1000,7 @@ async fn nulls_in_merge_patches_survive_the_api_server() {
 /// without `--server-side` is stored as `merge: {}`: a rule that does nothing.
 #[test]
 fn client_side_kubectl_apply_drops_nulls_from_merge_patches() {
-    crds();
+    install_crds();
     let stripped = json!({
         "conditions": [{"path": "$.metadata.annotations", "equals": {"b": [null, 1]}}],
         "mutations": [
@@ -1130,7 +1052,7 @@ fn client_side_kubectl_apply_drops_nulls_from_merge_patches() {
 /// `nullable` and must survive storage.
 #[tokio::test]
 async fn api_server_keeps_null_equals_and_patch_values() {
-    crds();
+    install_crds();
     let client = support::client().await;
     let api = Api::<DynamicObject>::all_with(client, &cmr_resource());
     let name = unique("null-equals");

@@ -12,18 +12,12 @@ mod support;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::Mutex;
-use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-/// Control planes are CPU hungry at startup: run these tests one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+use support::wait::{is, poll};
+use support::{Plane, eventually_blocking, serial_blocking};
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+// Control planes are CPU hungry at startup: these tests run one at a time (`serial_blocking`).
 
 fn script() -> Command {
     Command::new(support::control_plane_script())
@@ -114,20 +108,9 @@ fn port_open(port: u16) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
 }
 
-fn eventually(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !condition() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn up_serves_kubernetes_and_down_stops_everything() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     build();
     let plane = PlaneDir::new("updown");
     let dir = plane.path();
@@ -233,7 +216,7 @@ fn up_serves_kubernetes_and_down_stops_everything() {
 
 #[test]
 fn owner_pid_takes_the_plane_down_when_the_owner_exits() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     build();
     let plane = PlaneDir::new("owner");
     let dir = plane.path();
@@ -271,15 +254,18 @@ fn owner_pid_takes_the_plane_down_when_the_owner_exits() {
     // The owner exits; the watchdog notices within a second or so.
     owner.kill().expect("kill owner");
     owner.wait().expect("reap owner");
-    eventually(
+    eventually_blocking(
         "the plane directory to be removed",
         Duration::from_secs(30),
-        || !dir.exists(),
+        || is(dir.exists(), false),
     );
-    eventually(
+    eventually_blocking(
         "the plane processes to exit",
         Duration::from_secs(30),
-        || !pids.iter().any(|&pid| alive(pid)),
+        || {
+            let alive: Vec<u32> = pids.iter().copied().filter(|&pid| alive(pid)).collect();
+            is(alive, Vec::<u32>::new())
+        },
     );
     for port in ports {
         assert!(
@@ -291,7 +277,7 @@ fn owner_pid_takes_the_plane_down_when_the_owner_exits() {
 
 #[test]
 fn support_provides_a_shared_plane() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let kubeconfig = support::kubeconfig_path();
     assert!(kubeconfig.is_file(), "{} is missing", kubeconfig.display());
     assert_eq!(
@@ -327,7 +313,7 @@ const NODE_COMPONENTS: [&str; 3] = ["kube-controller-manager", "kube-scheduler",
 
 #[test]
 fn up_with_nodes_rolls_out_a_deployment_and_down_stops_everything() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     check(script().args(["build", "--nodes"]));
     let plane = PlaneDir::new("nodes");
     let dir = plane.path();
@@ -419,4 +405,133 @@ fn up_with_nodes_rolls_out_a_deployment_and_down_stops_everything() {
         );
     }
     assert!(!dir.exists(), "down did not remove {}", dir.display());
+}
+
+#[test]
+fn a_condition_wait_takes_an_object_without_conditions_for_not_yet() {
+    use support::cluster::condition_true;
+    let crd = |status: &str| format!(r#"{{"kind": "CustomResourceDefinition"{status}}}"#);
+    // What kubectl prints for a CRD applied a moment ago: no status, or no conditions yet.
+    for fresh in [
+        crd(""),
+        crd(r#", "status": {}"#),
+        crd(r#", "status": {"conditions": []}"#),
+    ] {
+        assert_eq!(
+            condition_true(&fresh, "Established"),
+            Err("no conditions yet".to_string()),
+            "{fresh}"
+        );
+    }
+    let names_accepted = crd(
+        r#", "status": {"conditions": [{"type": "NamesAccepted", "status": "True", "message": "no conflicts"}]}"#,
+    );
+    let seen = condition_true(&names_accepted, "Established").expect_err("not Established");
+    assert!(seen.contains("NamesAccepted"), "{seen}");
+    let established = crd(
+        r#", "status": {"conditions": [{"type": "NamesAccepted", "status": "True"}, {"type": "Established", "status": "True"}]}"#,
+    );
+    assert_eq!(condition_true(&established, "Established"), Ok(()));
+}
+
+#[test]
+fn poll_retries_until_done_gives_up_at_once_on_an_error_and_times_out_naming_the_last_attempt() {
+    let mut attempts = 0;
+    let done = poll(
+        "three attempts",
+        Duration::from_secs(5),
+        Duration::ZERO,
+        || {
+            attempts += 1;
+            Ok(if attempts < 3 {
+                Err(format!("attempt {attempts}"))
+            } else {
+                Ok(attempts)
+            })
+        },
+    );
+    assert_eq!(done.expect("done on the third attempt"), 3);
+
+    let mut attempts = 0;
+    let gone = poll::<()>("a process", Duration::from_secs(5), Duration::ZERO, || {
+        attempts += 1;
+        anyhow::bail!("the process exited")
+    });
+    assert_eq!(attempts, 1, "an error ends the wait at once");
+    assert_eq!(
+        format!("{:#}", gone.expect_err("fails")),
+        "the process exited"
+    );
+
+    let never = poll::<()>(
+        "the impossible",
+        Duration::from_millis(50),
+        Duration::from_millis(10),
+        || Ok(Err("still impossible".into())),
+    );
+    let message = format!("{:#}", never.expect_err("times out"));
+    assert!(
+        message.contains("waiting for the impossible")
+            && message.contains("last attempt: still impossible"),
+        "{message}"
+    );
+}
+
+#[test]
+fn crds_installed_right_after_startup_are_established_and_usable() {
+    let _serial = serial_blocking();
+    // A fresh plane: its API server has just started, and the CRDs are applied at once, when
+    // they have no conditions for a moment (the case a `scripts/bench webhook` run aborted on).
+    let plane = Plane::up("crds").unwrap_or_else(|e| panic!("{e:#}"));
+    plane.install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    for crd in support::cluster::CRDS {
+        let json = check(plane.kubectl().args(["get", "crd", crd, "-o", "json"]));
+        assert_eq!(
+            support::cluster::condition_true(&stdout(&json), "Established"),
+            Ok(()),
+            "{crd}"
+        );
+    }
+    // Usable: a rule of each kind is stored and listed at once.
+    plane
+        .apply(
+            "apiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {name: fresh}\nspec:\n  match: {kinds: [Pod]}\n  mutations: [{merge: {metadata: {labels: {fresh: \"yes\"}}}}]\n---\napiVersion: initium.dev/v1alpha1\nkind: MutationRule\nmetadata: {name: fresh, namespace: default}\nspec:\n  match: {kinds: [Pod]}\n  mutations: [{merge: {metadata: {labels: {fresh: \"yes\"}}}}]\n",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let listed = check(
+        plane
+            .kubectl()
+            .args(["get", "cmr,mr", "--all-namespaces", "-o", "name"]),
+    );
+    assert_eq!(
+        stdout(&listed).lines().collect::<Vec<_>>(),
+        [
+            "clustermutationrule.initium.dev/fresh",
+            "mutationrule.initium.dev/fresh"
+        ],
+    );
+    // Installed once per plane: asking again is the same outcome, without a second apply.
+    plane.install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+
+    // A CRD that is never Established (its kind is taken in its group): the wait gives up
+    // after its timeout and says what the API server reports instead.
+    plane
+        .apply(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: clashes.initium.dev}\nspec:\n  group: initium.dev\n  scope: Cluster\n  names: {plural: clashes, singular: clash, kind: MutationRule, listKind: MutationRuleList}\n  versions:\n  - name: v1alpha1\n    served: true\n    storage: true\n    schema: {openAPIV3Schema: {type: object}}\n",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let never = plane
+        .wait_condition(
+            "crd",
+            "clashes.initium.dev",
+            "Established",
+            Duration::from_secs(3),
+        )
+        .expect_err("a CRD whose kind is taken is never Established");
+    let message = format!("{never:#}");
+    assert!(
+        message.contains("waiting for crd clashes.initium.dev to be Established")
+            && message.contains("NamesAccepted"),
+        "{message}"
+    );
 }

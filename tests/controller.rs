@@ -31,7 +31,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, MutexGuard, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// How long to wait for what should take a moment (watch events, writes).
@@ -45,61 +45,7 @@ const LEASE: Duration = Duration::from_secs(3);
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-async fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::const_new(());
-    SERIAL.lock().await
-}
-
-use support::{eventually, unique};
-
-/// Installs `crds/` once per test binary (server-side apply: harmless if already there) and
-/// waits until both CRDs are Established.
-async fn install_crds(client: &kube::Client) {
-    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    INSTALLED
-        .get_or_init(|| async {
-            let api = Api::<CustomResourceDefinition>::all(client.clone());
-            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
-            let mut names = Vec::new();
-            for entry in std::fs::read_dir(&dir).expect("read crds/") {
-                let path = entry.expect("crds/ entry").path();
-                // crds/ also holds a Kustomization for `kubectl apply -k`.
-                if path.extension().is_none_or(|e| e != "yaml") {
-                    continue;
-                }
-                let text = std::fs::read_to_string(&path).expect("read CRD");
-                let crd: CustomResourceDefinition = serde_saphyr::from_str(&text)
-                    .unwrap_or_else(|e| panic!("{} is not a CRD: {e}", path.display()));
-                let name = crd.metadata.name.clone().expect("CRD name");
-                api.patch(
-                    &name,
-                    &PatchParams::apply("initium-tests").force(),
-                    &Patch::Apply(&crd),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
-                names.push(name);
-            }
-            for name in names {
-                eventually(&format!("CRD {name} to be Established"), TIMEOUT, || {
-                    let api = api.clone();
-                    let name = name.clone();
-                    async move {
-                        let crd = api.get(&name).await.map_err(|e| e.to_string())?;
-                        let established = crd
-                            .status
-                            .and_then(|s| s.conditions)
-                            .unwrap_or_default()
-                            .iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True");
-                        established.then_some(()).ok_or_else(|| "not yet".into())
-                    }
-                })
-                .await;
-            }
-        })
-        .await;
-}
+use support::{eventually, install_crds, serial, unique};
 
 /// A controller configuration for a test: its own namespace, configuration and Lease names,
 /// a short Lease, quick resyncs, and rule validation that tolerates the absent webhook.
@@ -459,7 +405,7 @@ async fn lease_holder(client: &kube::Client, namespace: &str, name: &str) -> Opt
 async fn a_valid_rule_is_indexed_at_once_and_gets_ready() {
     let _serial = serial().await;
     let client = support::client().await;
-    install_crds(&client).await;
+    install_crds();
     let mut cleanup = Cleanup::new();
     let home = support::namespace(&client, "initium").await;
     let name = unique("ready");
@@ -543,7 +489,7 @@ async fn a_valid_rule_is_indexed_at_once_and_gets_ready() {
 async fn an_invalid_rule_is_not_ready_and_does_not_stop_the_others() {
     let _serial = serial().await;
     let client = support::client().await;
-    install_crds(&client).await;
+    install_crds();
     let mut cleanup = Cleanup::new();
     let home = support::namespace(&client, "initium").await;
     let name = unique("invalid");
@@ -583,7 +529,7 @@ async fn an_invalid_rule_is_not_ready_and_does_not_stop_the_others() {
 async fn a_rule_for_a_kind_that_is_not_served_waits_for_its_crd() {
     let _serial = serial().await;
     let client = support::client().await;
-    install_crds(&client).await;
+    install_crds();
     let mut cleanup = Cleanup::new();
     let home = support::namespace(&client, "initium").await;
     let name = unique("unserved");
@@ -645,7 +591,7 @@ async fn a_rule_for_a_kind_that_is_not_served_waits_for_its_crd() {
 async fn the_webhook_configuration_covers_exactly_what_ready_rules_need() {
     let _serial = serial().await;
     let client = support::client().await;
-    install_crds(&client).await;
+    install_crds();
     let mut cleanup = Cleanup::new();
     let home = support::namespace(&client, "initium").await;
     let name = unique("webhooks");
@@ -816,7 +762,7 @@ async fn the_webhook_configuration_covers_exactly_what_ready_rules_need() {
 async fn namespace_labels_reach_the_shared_state() {
     let _serial = serial().await;
     let client = support::client().await;
-    install_crds(&client).await;
+    install_crds();
     let mut cleanup = Cleanup::new();
     let home = support::namespace(&client, "initium").await;
     let name = unique("namespaces");
@@ -865,7 +811,7 @@ async fn namespace_labels_reach_the_shared_state() {
 async fn one_replica_writes_and_another_takes_over_when_it_stops() {
     let _serial = serial().await;
     let client = support::client().await;
-    install_crds(&client).await;
+    install_crds();
     let mut cleanup = Cleanup::new();
     let home = support::namespace(&client, "initium").await;
     let name = unique("leader");
@@ -1004,7 +950,7 @@ async fn review(Json(review): Json<Value>) -> Json<Value> {
 async fn the_api_server_trusts_the_self_managed_certificate() {
     let _serial = serial().await;
     let client = support::client().await;
-    install_crds(&client).await;
+    install_crds();
     let mut cleanup = Cleanup::new();
     let home = support::namespace(&client, "initium").await;
     let name = unique("trust");
@@ -1073,7 +1019,7 @@ async fn the_api_server_trusts_the_self_managed_certificate() {
 async fn a_lost_tls_secret_is_written_again_with_the_same_ca() {
     let _serial = serial().await;
     let client = support::client().await;
-    install_crds(&client).await;
+    install_crds();
     let mut cleanup = Cleanup::new();
     let home = support::namespace(&client, "initium").await;
     let name = unique("renew");

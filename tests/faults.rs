@@ -14,14 +14,12 @@
 //! - soak: Pod creates and rule churn for a while, no error, RSS flat (`scripts/soak` runs the
 //!   long one; a one-minute run is a test here).
 //!
-//! The binary starts its own control plane (`scripts/control-plane up`, through the helpers
-//! of `benches/cluster/mod.rs`), because some tests restart its processes
+//! The binary starts its own control plane (`scripts/control-plane up`, through
+//! `tests/support`), because some tests restart its processes
 //! (`scripts/control-plane restart`); `INITIUM_TEST_KUBECONFIG` is not used. Rules and webhook
 //! configurations are cluster-wide, so the tests run one at a time (`serial`), each with its
 //! own namespaces, webhook configuration and Lease, and delete every rule before and after.
 
-#[path = "../benches/cluster/mod.rs"]
-mod cluster;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -32,15 +30,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use cluster::{Initium, InitiumOptions, Plane};
 use futures::{StreamExt, TryStreamExt};
 use initium::api::MutationRule;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{eventually, post_review};
-use tokio::sync::{Mutex, MutexGuard};
+use support::measure::{mib, round};
+use support::process::{Initium, InitiumOptions};
+use support::{Plane, eventually, post_review, serial};
 
 /// The webhook timeout of `initium serve` with the default 200 ms budget (twice the budget,
 /// rounded up to a second: `webhook_timeout_seconds`).
@@ -64,16 +62,15 @@ fn plane() -> &'static Plane {
 /// The plane's directory, for `scripts/control-plane restart --dir`.
 fn plane_dir() -> PathBuf {
     plane()
-        .kubeconfig
-        .parent()
-        .expect("the kubeconfig is in the plane's directory")
+        .dir()
+        .expect("the fault tests start a plane of their own")
         .to_path_buf()
 }
 
 /// `scripts/control-plane VERB --dir <plane> ARGS...`, blocking; panics unless it succeeds.
 fn control_plane(verb: &str, args: &[&str]) {
     let started = Instant::now();
-    let out = Command::new(cluster::root().join("scripts/control-plane"))
+    let out = Command::new(support::control_plane_script())
         .arg(verb)
         .arg("--dir")
         .arg(plane_dir())
@@ -90,11 +87,6 @@ fn control_plane(verb: &str, args: &[&str]) {
         args.join(" "),
         started.elapsed()
     );
-}
-
-async fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::const_new(());
-    SERIAL.lock().await
 }
 
 async fn client() -> kube::Client {
@@ -206,9 +198,12 @@ async fn start(name: &str, namespace: &str, identity: &str) -> Initium {
 }
 
 fn free_addr() -> SocketAddr {
-    format!("127.0.0.1:{}", cluster::free_port().expect("a free port"))
-        .parse()
-        .expect("an address")
+    format!(
+        "127.0.0.1:{}",
+        support::process::free_port().expect("a free port")
+    )
+    .parse()
+    .expect("an address")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -893,7 +888,7 @@ async fn the_lease_holder_killed_while_writing_a_thousand_statuses_loses_none() 
             )
         })
         .collect();
-    cluster::create_rules(&client, &rules, 16)
+    support::cluster::create_rules(&client, &rules, 16)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
     let api = Api::<MutationRule>::namespaced(client.clone(), &team);
@@ -1224,8 +1219,8 @@ async fn hostile_rules_through_serve_leave_initium_alive_and_others_served() {
     let memory = initium.memory().expect("initium's memory");
     eprintln!(
         "faults: hostile rules: initium RSS {:.1} MiB, peak {:.1} MiB",
-        cluster::mib(memory.rss_kib),
-        cluster::mib(memory.peak_kib)
+        mib(memory.rss_kib),
+        mib(memory.peak_kib)
     );
     assert!(
         memory.peak_kib < 256 * 1024,
@@ -1304,8 +1299,8 @@ async fn hostile_clients_of_the_webhook_port_leave_initium_within_its_memory_lim
     let memory = initium.memory().expect("initium's memory");
     eprintln!(
         "faults: hostile clients: initium RSS {:.1} MiB, peak {:.1} MiB, /metrics {} bytes",
-        cluster::mib(memory.rss_kib),
-        cluster::mib(memory.peak_kib),
+        mib(memory.rss_kib),
+        mib(memory.peak_kib),
         metrics.len()
     );
     assert!(
@@ -2132,7 +2127,7 @@ async fn soak(settings: Soak) {
         })
         .collect();
     rules.push(rule_body(&team, "static", &label_rule("static", "yes")));
-    cluster::create_rules(&client, &rules, 8)
+    support::cluster::create_rules(&client, &rules, 8)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
     apply_rule(&client, &team, "versioned", &versioned_rule(0))
@@ -2250,7 +2245,7 @@ async fn soak(settings: Soak) {
             ));
             break;
         }
-        let memory = cluster::memory(pid).unwrap_or_default();
+        let memory = support::measure::memory(pid).unwrap_or_default();
         rss.push((started.elapsed(), memory.rss_kib));
         if window_start.0.elapsed() >= settings.window || Instant::now() >= end {
             let buckets = read_buckets(&initium);
@@ -2260,7 +2255,7 @@ async fn soak(settings: Soak) {
                 "soak: {:>5.0}-{:>5.0} s: {requests} admissions, p99 server time <= {p99} ms, RSS {:.1} MiB, {} errors so far",
                 from.as_secs_f64(),
                 started.elapsed().as_secs_f64(),
-                cluster::mib(memory.rss_kib),
+                mib(memory.rss_kib),
                 errors.lock().unwrap_or_else(|p| p.into_inner()).len(),
             );
             windows.push(json!({
@@ -2306,10 +2301,10 @@ async fn soak(settings: Soak) {
         "soak: {:.1} min, {creates} Pods created, {versions} rule versions, {} errors; RSS after warm-up {:.1} MiB -> {:.1} MiB ({:+.1}%), peak {:.1} MiB",
         total.as_secs_f64() / 60.0,
         errors.len(),
-        cluster::mib(baseline),
-        cluster::mib(last),
+        mib(baseline),
+        mib(last),
         growth * 100.0,
-        cluster::mib(peak),
+        mib(peak),
     );
     println!(
         "{}",
@@ -2319,10 +2314,10 @@ async fn soak(settings: Soak) {
             "creates": creates,
             "rule_versions": versions,
             "errors": errors.len(),
-            "rss_mib_after_warm_up": cluster::round(cluster::mib(baseline), 1),
-            "rss_mib_last": cluster::round(cluster::mib(last), 1),
-            "rss_mib_peak": cluster::round(cluster::mib(peak), 1),
-            "rss_growth_percent": cluster::round(growth * 100.0, 1),
+            "rss_mib_after_warm_up": round(mib(baseline), 1),
+            "rss_mib_last": round(mib(last), 1),
+            "rss_mib_peak": round(mib(peak), 1),
+            "rss_growth_percent": round(growth * 100.0, 1),
             "windows": windows,
         })
     );
@@ -2337,8 +2332,8 @@ async fn soak(settings: Soak) {
         growth <= 0.10,
         "RSS grew {:.1}% after warm-up ({:.1} -> {:.1} MiB)",
         growth * 100.0,
-        cluster::mib(baseline),
-        cluster::mib(last)
+        mib(baseline),
+        mib(last)
     );
 }
 

@@ -7,20 +7,11 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 fn kubectl(args: &[&str]) -> Output {
     support::kubectl()
@@ -70,83 +61,17 @@ fn json(out: String) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }
 
-/// Polls `f` until it returns `Some`, or fails the test after `timeout` with `what`.
-fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            started.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn install_crds() {
-    static CRDS: OnceLock<()> = OnceLock::new();
-    CRDS.get_or_init(|| {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/crds");
-        ok(
-            kubectl(&["apply", "--server-side", "-k", dir]),
-            "install CRDs",
-        );
-        for crd in [
-            "mutationrules.initium.dev",
-            "clustermutationrules.initium.dev",
-        ] {
-            eventually(
-                Duration::from_secs(60),
-                "the CRDs to be Established",
-                || {
-                    let out = kubectl(&[
-                        "get",
-                        "crd",
-                        crd,
-                        "-o",
-                        "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
-                    ]);
-                    (String::from_utf8_lossy(&out.stdout) == "True").then_some(())
-                },
-            );
-        }
-    });
-}
-
 /// GET on a plain-HTTP port of 127.0.0.1: (status, body); status 0 if nothing answers.
 fn http_get(port: u16, path: &str) -> (u16, String) {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    if stream.write_all(request.as_bytes()).is_err() {
-        return (0, String::new());
-    }
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    support::process::http_get(([127, 0, 0, 1], port).into(), path).unwrap_or((0, String::new()))
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    support::process::free_port().expect("a free port")
 }
 
-use support::unique;
+use support::wait::is;
+use support::{eventually_blocking, install_crds, serial_blocking, unique};
 
 fn namespace(prefix: &str) -> String {
     let name = unique(prefix);
@@ -215,8 +140,8 @@ impl Initium {
             webhook_name: webhook_name.into(),
             namespace: namespace.into(),
         };
-        eventually(Duration::from_secs(30), "initium /readyz", || {
-            (initium.ops("/readyz").0 == 200).then_some(())
+        eventually_blocking("initium /readyz", Duration::from_secs(30), || {
+            is(initium.ops("/readyz").0, 200)
         });
         initium
     }
@@ -229,18 +154,7 @@ impl Initium {
     fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             // SIGTERM first: initium shuts down gracefully.
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(15) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            support::process::terminate(&mut child, Duration::from_secs(15));
         }
     }
 
@@ -377,7 +291,7 @@ fn mounts(pod: &Value) -> Vec<String> {
 
 #[test]
 fn a_namespace_rule_mutates_its_pods_and_follows_updates_and_deletion() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     install_crds();
     clean_cluster();
     let own = namespace("initium-own");
@@ -392,20 +306,28 @@ fn a_namespace_rule_mutates_its_pods_and_follows_updates_and_deletion() {
 
     let applied = Instant::now();
     apply(&test_ca_rule(&payments, "/etc/ssl/test"));
-    eventually(
-        Duration::from_secs(2),
+    eventually_blocking(
         "the rule to be Ready within 2 s",
-        || (ready_status("mr", Some(&payments), "test-certs")? == "True").then_some(()),
+        Duration::from_secs(2),
+        || {
+            is(
+                ready_status("mr", Some(&payments), "test-certs").as_deref(),
+                Some("True"),
+            )
+        },
     );
     let ready_after = applied.elapsed();
-    eventually(
-        Duration::from_secs(5),
+    eventually_blocking(
         "the webhook configuration to cover pods",
-        || (initium.intercepted() == ["pods"]).then_some(()),
+        Duration::from_secs(5),
+        || is(initium.intercepted(), ["pods"]),
     );
     // The API server picks up a changed webhook configuration within about a second.
-    eventually(Duration::from_secs(5), "dry-run Pods to be mutated", || {
-        (mounts(&dry_run(&pod_yaml(&payments, "probe")))[0] == "/etc/ssl/test").then_some(())
+    eventually_blocking("dry-run Pods to be mutated", Duration::from_secs(5), || {
+        is(
+            mounts(&dry_run(&pod_yaml(&payments, "probe")))[0].as_str(),
+            "/etc/ssl/test",
+        )
     });
 
     let pod = create(&pod_yaml(&payments, "web"));
@@ -439,10 +361,15 @@ fn a_namespace_rule_mutates_its_pods_and_follows_updates_and_deletion() {
 
     // An update changes what new Pods get within 2 s.
     apply(&test_ca_rule(&payments, "/etc/ssl/updated"));
-    eventually(
-        Duration::from_secs(2),
+    eventually_blocking(
         "new Pods to get the updated mount",
-        || (mounts(&dry_run(&pod_yaml(&payments, "probe")))[0] == "/etc/ssl/updated").then_some(()),
+        Duration::from_secs(2),
+        || {
+            is(
+                mounts(&dry_run(&pod_yaml(&payments, "probe")))[0].as_str(),
+                "/etc/ssl/updated",
+            )
+        },
     );
 
     // Deleting the rule stops the mutation and shrinks the webhook configuration.
@@ -450,10 +377,10 @@ fn a_namespace_rule_mutates_its_pods_and_follows_updates_and_deletion() {
         kubectl(&["delete", "mr", "test-certs", "-n", &payments]),
         "delete rule",
     );
-    eventually(
-        Duration::from_secs(5),
+    eventually_blocking(
         "the configuration to intercept nothing",
-        || initium.intercepted().is_empty().then_some(()),
+        Duration::from_secs(5),
+        || is(initium.intercepted(), [] as [&str; 0]),
     );
     let after = create(&pod_yaml(&payments, "after"));
     assert_eq!(mounts(&after), ["", ""], "{after}");
@@ -461,7 +388,7 @@ fn a_namespace_rule_mutates_its_pods_and_follows_updates_and_deletion() {
 
 #[test]
 fn deployments_and_namespace_selectors() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     install_crds();
     clean_cluster();
     let own = namespace("initium-own");
@@ -485,14 +412,17 @@ spec:
   mutations: [{merge: {metadata: {labels: {tier: prod}}}}]
 "#,
     );
-    eventually(Duration::from_secs(5), "both resources intercepted", || {
-        (initium.intercepted() == ["deployments", "pods"]).then_some(())
+    eventually_blocking("both resources intercepted", Duration::from_secs(5), || {
+        is(initium.intercepted(), ["deployments", "pods"])
     });
     let deployment = format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web, namespace: {team}}}\nspec:\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    metadata: {{labels: {{app: web}}}}\n    spec: {{containers: [{{name: web, image: registry.example.com/web:1}}]}}\n"
     );
-    eventually(Duration::from_secs(5), "Deployments to be mutated", || {
-        (dry_run(&deployment)["metadata"]["labels"]["owner"] == "platform").then_some(())
+    eventually_blocking("Deployments to be mutated", Duration::from_secs(5), || {
+        is(
+            &dry_run(&deployment)["metadata"]["labels"]["owner"],
+            "platform",
+        )
     });
     let pod = pod_yaml(&team, "p");
     assert!(
@@ -503,16 +433,16 @@ spec:
         kubectl(&["label", "namespace", &team, "env=prod"]),
         "label namespace",
     );
-    eventually(
-        Duration::from_secs(3),
+    eventually_blocking(
         "the namespace label change to be followed",
-        || (dry_run(&pod)["metadata"]["labels"]["tier"] == "prod").then_some(()),
+        Duration::from_secs(3),
+        || is(&dry_run(&pod)["metadata"]["labels"]["tier"], "prod"),
     );
 }
 
 #[test]
 fn invalid_rules_are_rejected_at_apply_with_the_field_path() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     install_crds();
     clean_cluster();
     let own = namespace("initium-own");
@@ -524,16 +454,16 @@ spec:
   match: {kinds: [Pod]}
   mutations: [{rewrite: {path: /spec/containers/0/image, regex: "(unclosed", replacement: x}}]
 "#;
-    let out = eventually(
-        Duration::from_secs(5),
+    let out = eventually_blocking(
         "the validating webhook to reject the rule",
+        Duration::from_secs(5),
         || {
             let out = kubectl_stdin(&["apply", "-f", "-"], rule);
             if out.status.success() {
                 let _ = kubectl(&["delete", "cmr", "bad-regex", "--ignore-not-found"]);
-                return None;
+                return Err("the rule was accepted".into());
             }
-            Some(out)
+            Ok(out)
         },
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -550,7 +480,7 @@ spec:
 
 #[test]
 fn a_rule_matching_everything_never_touches_initiums_namespace_or_kube_system() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     install_crds();
     clean_cluster();
     let own = namespace("initium-own");
@@ -570,10 +500,15 @@ spec:
             "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm, namespace: {ns}}}\ndata: {{a: b}}\n"
         )
     };
-    eventually(
-        Duration::from_secs(5),
+    eventually_blocking(
         "ConfigMaps in a team namespace to be mutated",
-        || (dry_run(&config_map(&team))["metadata"]["labels"]["touched"] == "yes").then_some(()),
+        Duration::from_secs(5),
+        || {
+            is(
+                &dry_run(&config_map(&team))["metadata"]["labels"]["touched"],
+                "yes",
+            )
+        },
     );
     for ns in [own.as_str(), "kube-system"] {
         let stored = dry_run(&config_map(ns));
@@ -629,7 +564,7 @@ spec:
 
 #[test]
 fn with_initium_stopped_ignore_rules_let_pods_through_and_fail_rules_reject_them() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     install_crds();
     clean_cluster();
     let own = namespace("initium-own");
@@ -637,10 +572,14 @@ fn with_initium_stopped_ignore_rules_let_pods_through_and_fail_rules_reject_them
     let soft = namespace("soft");
     let strict = namespace("strict");
     apply(&optional_and_required_rules(&soft, &strict));
-    eventually(Duration::from_secs(5), "both rules in effect", || {
-        (dry_run(&pod_yaml(&soft, "p"))["metadata"]["labels"]["soft"] == "yes"
-            && dry_run(&pod_yaml(&strict, "p"))["metadata"]["labels"]["strict"] == "yes")
-            .then_some(())
+    eventually_blocking("both rules in effect", Duration::from_secs(5), || {
+        is(
+            [
+                dry_run(&pod_yaml(&soft, "p"))["metadata"]["labels"]["soft"].clone(),
+                dry_run(&pod_yaml(&strict, "p"))["metadata"]["labels"]["strict"].clone(),
+            ],
+            ["yes", "yes"],
+        )
     });
     initium.stop();
     let started = Instant::now();
@@ -669,7 +608,7 @@ fn with_initium_stopped_ignore_rules_let_pods_through_and_fail_rules_reject_them
 
 #[test]
 fn a_tiny_budget_warns_for_ignore_rules_and_denies_for_fail_rules() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     install_crds();
     clean_cluster();
     let own = namespace("initium-own");
@@ -677,14 +616,17 @@ fn a_tiny_budget_warns_for_ignore_rules_and_denies_for_fail_rules() {
     let soft = namespace("soft");
     let strict = namespace("strict");
     apply(&optional_and_required_rules(&soft, &strict));
-    let out = eventually(Duration::from_secs(5), "the budget warning", || {
+    let out = eventually_blocking("the budget warning", Duration::from_secs(5), || {
         let out = kubectl_stdin(
             &["create", "--dry-run=server", "-f", "-", "-o", "json"],
             &pod_yaml(&soft, "p"),
         );
-        String::from_utf8_lossy(&out.stderr)
-            .contains("latency budget")
-            .then_some(out)
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("latency budget") {
+            Ok(out)
+        } else {
+            Err(format!("stderr: {stderr}"))
+        }
     });
     assert!(out.status.success(), "an Ignore rule never stops the Pod");
     let stored = json(String::from_utf8_lossy(&out.stdout).into_owned());
@@ -698,12 +640,16 @@ fn a_tiny_budget_warns_for_ignore_rules_and_denies_for_fail_rules() {
             && stderr.contains(&format!("MutationRule {soft}/optional skipped")),
         "{stderr}"
     );
-    let out = eventually(Duration::from_secs(5), "the budget denial", || {
+    let out = eventually_blocking("the budget denial", Duration::from_secs(5), || {
         let out = kubectl_stdin(
             &["create", "--dry-run=server", "-f", "-"],
             &pod_yaml(&strict, "p"),
         );
-        (!out.status.success()).then_some(out)
+        if out.status.success() {
+            Err("the Pod was admitted".into())
+        } else {
+            Ok(out)
+        }
     });
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&format!("MutationRule {strict}/required (failurePolicy Fail) could not run: the latency budget ran out")), "{stderr}");
@@ -729,7 +675,7 @@ fn pod_review(namespace: &str) -> Value {
 
 #[test]
 fn two_replicas_both_serve_and_only_the_lease_holder_writes() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     install_crds();
     clean_cluster();
     let own = namespace("initium-own");
@@ -749,9 +695,16 @@ fn two_replicas_both_serve_and_only_the_lease_holder_writes() {
             "jsonpath={.spec.holderIdentity}",
         ]);
         let id = String::from_utf8_lossy(&out.stdout).into_owned();
-        (out.status.success() && !id.is_empty()).then_some(id)
+        if out.status.success() && !id.is_empty() {
+            Ok(id)
+        } else {
+            Err(format!(
+                "no holder: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
     };
-    let leader = eventually(Duration::from_secs(20), "a lease holder", holder);
+    let leader = eventually_blocking("a lease holder", Duration::from_secs(20), holder);
     let leading = match leader.as_str() {
         "replica-a" => 0,
         "replica-b" => 1,
@@ -779,24 +732,31 @@ fn two_replicas_both_serve_and_only_the_lease_holder_writes() {
     };
     let team = namespace("team");
     apply(&test_ca_rule(&team, "/etc/ssl/test"));
-    eventually(Duration::from_secs(5), "the rule to be Ready", || {
-        (ready_status("mr", Some(&team), "test-certs")? == "True").then_some(())
+    eventually_blocking("the rule to be Ready", Duration::from_secs(5), || {
+        is(
+            ready_status("mr", Some(&team), "test-certs").as_deref(),
+            Some("True"),
+        )
     });
     let expected_url = format!(
         "https://127.0.0.1:{}/mutate",
         replicas[leading].webhook_port
     );
-    eventually(Duration::from_secs(5), "the leader's webhook URL", || {
-        (url(&replicas)? == expected_url).then_some(())
+    eventually_blocking("the leader's webhook URL", Duration::from_secs(5), || {
+        is(url(&replicas).as_deref(), Some(expected_url.as_str()))
     });
     // Both replicas serve admission with the same rules.
     for replica in &replicas {
-        let response = eventually(Duration::from_secs(5), "a mutating answer", || {
+        let response = eventually_blocking("a mutating answer", Duration::from_secs(5), || {
             let r = support::post_review(
                 format!("127.0.0.1:{}", replica.webhook_port),
                 &pod_review(&team),
             );
-            r["response"]["patch"].is_string().then_some(r)
+            if r["response"]["patch"].is_string() {
+                Ok(r)
+            } else {
+                Err(r.to_string())
+            }
         });
         assert_eq!(response["response"]["allowed"], true, "{response}");
     }
@@ -814,18 +774,23 @@ fn two_replicas_both_serve_and_only_the_lease_holder_writes() {
     } else {
         "replica-a"
     };
-    eventually(
-        Duration::from_secs(30),
+    eventually_blocking(
         "the other replica to take the lease",
-        || (holder()? == survivor).then_some(()),
+        Duration::from_secs(30),
+        || is(holder()?, survivor),
     );
     apply(&format!(
         "apiVersion: initium.dev/v1alpha1\nkind: MutationRule\nmetadata: {{name: later, namespace: {team}}}\nspec:\n  match: {{kinds: [Pod]}}\n  mutations: [{{merge: {{metadata: {{labels: {{later: \"yes\"}}}}}}}}]\n"
     ));
-    eventually(
-        Duration::from_secs(10),
+    eventually_blocking(
         "the new leader to write status",
-        || (ready_status("mr", Some(&team), "later")? == "True").then_some(()),
+        Duration::from_secs(10),
+        || {
+            is(
+                ready_status("mr", Some(&team), "later").as_deref(),
+                Some("True"),
+            )
+        },
     );
 }
 
@@ -916,7 +881,7 @@ fn installed(own: &str, name: &str) -> Vec<String> {
 
 #[test]
 fn a_taken_port_stops_serve_at_once_and_nothing_is_installed() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     install_crds();
     let own = namespace("initium-own");
     for flag in ["--listen", "--ops-listen"] {

@@ -1,7 +1,6 @@
 //! The benchmark workload: a ~4 KB Pod and a rule set of a given size of which a fixed 10
-//! rules match it. Shared by the benchmarks so their figures describe the same work.
-
-#![allow(dead_code)]
+//! rules match it. Shared by the benchmarks (and the fault tests) so their figures describe
+//! the same work.
 
 use serde_json::{Value, json};
 
