@@ -442,6 +442,22 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_regular_expression_says_what_is_wrong_and_keeps_the_library_error() {
+        let error = compile_regex("a(b", MAX_REGEX_BYTES).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid regular expression \"a(b\": unclosed group"
+        );
+        let source = std::error::Error::source(&error).map(|s| s.is::<regex::Error>());
+        assert_eq!(source, Some(true));
+        let big = compile_regex("\\w{100}", 1 << 10).unwrap_err().to_string();
+        assert_eq!(
+            big,
+            "regular expression \"\\\\w{100}\" is too large once compiled (over 1 KiB; a rule's regular expressions share 4 MiB): simplify it, for example [a-zA-Z0-9_] instead of \\w, which matches every Unicode letter and digit, or fewer repetitions"
+        );
+    }
+
+    #[test]
     fn an_expired_deadline_stops_at_the_next_look() {
         let limits = Limits::default();
         let meter = Meter::new(&limits, Some(Instant::now()));

@@ -56,6 +56,11 @@ pub(super) fn compile(
 }
 
 impl ForEach {
+    #[cfg(test)]
+    pub(super) fn is_literal(&self) -> bool {
+        self.literal
+    }
+
     pub(super) fn apply(
         &self,
         site: Site,

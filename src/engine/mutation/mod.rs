@@ -356,3 +356,86 @@ pub enum MutationError {
     #[error("a template of the mutation was not rendered")]
     NotRendered,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::engine::limits::Limits;
+
+    fn compiled(spec: Value) -> Mutation {
+        let spec: api::Mutation = serde_json::from_value(spec).unwrap();
+        let mut errors = Errors::default();
+        let m = compile(&spec, "spec.mutations[0]", 1 << 20, &mut errors);
+        assert!(errors.errors.is_empty(), "{:?}", errors.errors);
+        m.unwrap()
+    }
+
+    fn apply(m: &Mutation, doc: &mut Value) -> Result<(), Stop> {
+        let limits = Limits::default();
+        let mut meter = Meter::new(&limits, None);
+        m.apply(doc, &Pointer::root(), &mut Journal::default(), &mut meter)
+    }
+
+    #[test]
+    fn a_failed_patch_operation_keeps_the_library_error_as_its_source() {
+        let m = compiled(json!({"patch": [{"op": "test", "path": "/a", "value": 2}]}));
+        let Err(Stop::Error(error)) = apply(&m, &mut json!({"a": 1})) else {
+            panic!("the test operation fails")
+        };
+        assert_eq!(error.to_string(), "patch[0] test /a: value did not match");
+        let mut chain = error.source();
+        let mut found = false;
+        while let Some(cause) = chain {
+            found |= cause.downcast_ref::<json_patch::PatchErrorKind>().is_some();
+            chain = cause.source();
+        }
+        assert!(found, "json_patch's error is in the chain: {error:?}");
+    }
+
+    #[test]
+    fn a_for_each_takes_the_look_up_once_path_only_when_no_nested_mutation_renders() {
+        let literal = compiled(json!({"forEach": "$.items[*]", "mutations": [
+            {"merge": {"seen": true}}, {"upsert": {"path": "/l", "key": "k", "value": {"k": 1}}}
+        ]}));
+        let rendering = compiled(json!({"forEach": "$.items[*]", "mutations": [
+            {"merge": {"seen": true}}, {"merge": {"name": "{{ @.id }}"}}
+        ]}));
+        let Mutation::ForEach(f) = &literal else {
+            panic!("a forEach")
+        };
+        assert!(f.is_literal());
+        let Mutation::ForEach(f) = &rendering else {
+            panic!("a forEach")
+        };
+        assert!(!f.is_literal());
+        let mut doc = json!({"items": [{"id": "a"}, {"id": "b"}]});
+        apply(&literal, &mut doc).unwrap_or_else(|e| panic!("{e}"));
+        apply(&rendering, &mut doc).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            doc,
+            json!({"items": [
+                {"id": "a", "seen": true, "l": [{"k": 1}], "name": "a"},
+                {"id": "b", "seen": true, "l": [{"k": 1}], "name": "b"}
+            ]})
+        );
+    }
+
+    #[test]
+    fn the_kinds_set_are_counted_with_the_listed_names() {
+        let spec: api::Mutation = serde_json::from_value(
+            json!({"merge": {"a": 1}, "rewrite": {"path": "/a", "regex": "a", "replacement": "b"}}),
+        )
+        .unwrap();
+        let mut errors = Errors::default();
+        assert!(compile(&spec, "spec.mutations[3]", 1 << 20, &mut errors).is_none());
+        assert_eq!(
+            errors.errors[0].to_string(),
+            "spec.mutations[3]: set exactly one of merge, patch, upsert, forEach, rewrite (found 2)"
+        );
+        assert_eq!(count_regexes(&spec), 1);
+    }
+}
