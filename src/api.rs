@@ -186,7 +186,7 @@ pub struct Condition {
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = kube::core::Rule::new("[has(self.merge), has(self.patch), has(self.upsert), has(self.forEach), has(self.rewrite)].filter(x, x).size() == 1").message("set exactly one of merge, patch, upsert, forEach, rewrite"),
+    validation = exactly_one_of(&MUTATION_KINDS),
     validation = kube::core::Rule::new("has(self.forEach) == has(self.mutations)").message("forEach and mutations go together")
 )]
 pub struct Mutation {
@@ -225,7 +225,7 @@ pub struct Mutation {
 /// element. Set exactly one of `merge`, `patch`, `upsert`, `rewrite`.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.merge), has(self.patch), has(self.upsert), has(self.rewrite)].filter(x, x).size() == 1").message("set exactly one of merge, patch, upsert, rewrite"))]
+#[x_kube(validation = exactly_one_of(&element_mutation_kinds()))]
 pub struct ElementMutation {
     /// RFC 7396 JSON merge patch applied to the element.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -241,6 +241,109 @@ pub struct ElementMutation {
     /// Regular-expression rewrite of a string field below the element.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<Rewrite>,
+}
+
+/// The kinds of mutation, named as a rule writes them, in the order the CRD's CEL rule and
+/// `initium check` list them. A [`Mutation`] sets exactly one; an [`ElementMutation`] sets one
+/// of them but `forEach`, which cannot nest (see [`element_mutation_kinds`]).
+pub const MUTATION_KINDS: [&str; 5] = ["merge", "patch", "upsert", "forEach", "rewrite"];
+
+/// The kinds of mutation a `forEach` element can take: all but `forEach`.
+pub fn element_mutation_kinds() -> Vec<&'static str> {
+    MUTATION_KINDS
+        .into_iter()
+        .filter(|kind| *kind != "forEach")
+        .collect()
+}
+
+/// One kind of mutation as a rule writes it, borrowed from a [`Mutation`] or an
+/// [`ElementMutation`]: what the engine compiles.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MutationKind<'a> {
+    Merge(&'a Value),
+    Patch(&'a [PatchOperation]),
+    Upsert(&'a Upsert),
+    /// The JSONPath, and the mutations for each element (`None` when they are missing).
+    ForEach {
+        query: &'a str,
+        mutations: Option<&'a [ElementMutation]>,
+    },
+    Rewrite(&'a Rewrite),
+}
+
+impl MutationKind<'_> {
+    /// The field a rule sets for this kind, as listed in [`MUTATION_KINDS`].
+    pub fn name(&self) -> &'static str {
+        match self {
+            MutationKind::Merge(_) => "merge",
+            MutationKind::Patch(_) => "patch",
+            MutationKind::Upsert(_) => "upsert",
+            MutationKind::ForEach { .. } => "forEach",
+            MutationKind::Rewrite(_) => "rewrite",
+        }
+    }
+}
+
+impl Mutation {
+    /// The kinds this mutation sets, in [`MUTATION_KINDS`] order; a valid one sets exactly
+    /// one.
+    pub fn kinds(&self) -> impl Iterator<Item = MutationKind<'_>> {
+        // Destructured, so a field added to `Mutation` does not compile until it is listed.
+        let Mutation {
+            merge,
+            patch,
+            upsert,
+            for_each,
+            mutations,
+            rewrite,
+        } = self;
+        [
+            merge.as_ref().map(MutationKind::Merge),
+            patch.as_deref().map(MutationKind::Patch),
+            upsert.as_ref().map(MutationKind::Upsert),
+            for_each.as_deref().map(|query| MutationKind::ForEach {
+                query,
+                mutations: mutations.as_deref(),
+            }),
+            rewrite.as_ref().map(MutationKind::Rewrite),
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
+impl ElementMutation {
+    /// The kinds this element mutation sets, in [`MUTATION_KINDS`] order; a valid one sets
+    /// exactly one.
+    pub fn kinds(&self) -> impl Iterator<Item = MutationKind<'_>> {
+        let ElementMutation {
+            merge,
+            patch,
+            upsert,
+            rewrite,
+        } = self;
+        [
+            merge.as_ref().map(MutationKind::Merge),
+            patch.as_deref().map(MutationKind::Patch),
+            upsert.as_ref().map(MutationKind::Upsert),
+            rewrite.as_ref().map(MutationKind::Rewrite),
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
+/// The message for a value that sets none or several of `fields`, which are alternatives:
+/// "set exactly one of a, b, c".
+pub fn exactly_one_of_message(fields: &[&str]) -> String {
+    format!("set exactly one of {}", fields.join(", "))
+}
+
+/// The CEL rule that `kubectl apply` checks for a struct whose `fields` are alternatives.
+fn exactly_one_of(fields: &[&str]) -> kube::core::Rule {
+    let has: Vec<String> = fields.iter().map(|f| format!("has(self.{f})")).collect();
+    kube::core::Rule::new(format!("[{}].filter(x, x).size() == 1", has.join(", ")))
+        .message(exactly_one_of_message(fields).as_str())
 }
 
 /// One RFC 6902 operation.
@@ -332,10 +435,13 @@ pub enum OnTimeout {
     Hold,
 }
 
+/// The kinds of gate dependency; a [`Dependency`] sets exactly one.
+pub const DEPENDENCY_KINDS: [&str; 4] = ["service", "job", "pods", "object"];
+
 /// One dependency of a gate. Set exactly one field.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("[has(self.service), has(self.job), has(self.pods), has(self.object)].filter(x, x).size() == 1").message("set exactly one of service, job, pods, object"))]
+#[x_kube(validation = exactly_one_of(&DEPENDENCY_KINDS))]
 pub struct Dependency {
     /// A Service with at least one ready endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -558,4 +664,39 @@ fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<V
 
 fn any_json_object(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_kinds_a_mutation_sets_are_the_listed_kinds_in_order() {
+        let upsert = json!({"path": "/l", "key": "k", "value": {"k": 1}});
+        let rewrite = json!({"path": "/p", "regex": "a", "replacement": "b"});
+        let every: Mutation = serde_json::from_value(json!({
+            "rewrite": rewrite, "forEach": "$", "mutations": [], "upsert": upsert,
+            "patch": [], "merge": {}
+        }))
+        .unwrap();
+        let names: Vec<&str> = every.kinds().map(|k| k.name()).collect();
+        assert_eq!(names, MUTATION_KINDS);
+        let every: ElementMutation = serde_json::from_value(json!({
+            "rewrite": rewrite, "upsert": upsert, "patch": [], "merge": {}
+        }))
+        .unwrap();
+        let names: Vec<&str> = every.kinds().map(|k| k.name()).collect();
+        assert_eq!(names, element_mutation_kinds());
+        assert_eq!(Mutation::default().kinds().count(), 0);
+    }
+
+    #[test]
+    fn alternatives_make_one_cel_rule() {
+        let rule = serde_json::to_value(exactly_one_of(&["a", "b"])).unwrap();
+        assert_eq!(
+            rule,
+            json!({"rule": "[has(self.a), has(self.b)].filter(x, x).size() == 1", "message": "set exactly one of a, b"})
+        );
+    }
 }

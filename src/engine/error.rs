@@ -1,6 +1,12 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use super::limits::LimitError;
+use super::matching::MatchError;
+use super::mutation::MutationError;
+use super::path::{PointerError, QueryError};
+use super::template::TemplateError;
+
 /// Text that came from a rule or an object (names, values, patterns), made safe for a
 /// terminal and a log line: control characters — escape sequences that could recolour or
 /// rewrite a terminal, carriage returns, newlines — are written as `\u{1b}`-style escapes.
@@ -71,7 +77,68 @@ pub(crate) struct Errors {
 }
 
 impl Errors {
-    pub fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
-        self.errors.push(FieldError::new(field, message));
+    pub fn push(&mut self, field: impl Into<String>, message: impl fmt::Display) {
+        self.errors
+            .push(FieldError::new(field, message.to_string()));
     }
+}
+
+/// Why a rule failed on an object: a sentence for the client that says where in the rule (and
+/// in the object) it happened, with the cause as its `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The same failure, inside a mutation, a `forEach` element or a patch operation.
+    #[error("{at}: {source}")]
+    At { at: String, source: Box<ApplyError> },
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+    #[error(transparent)]
+    Match(#[from] MatchError),
+    #[error(transparent)]
+    Mutation(#[from] MutationError),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    #[error(transparent)]
+    Pointer(#[from] PointerError),
+    #[error(transparent)]
+    Identity(#[from] IdentityChange),
+    #[error(transparent)]
+    Internal(#[from] InternalError),
+}
+
+/// A panic caught at the rule boundary: a bug, here or in a library.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "initium hit an internal error while running the rule ({}); the rule was skipped — please report this with the rule",
+    sanitize(.detail)
+)]
+pub struct InternalError {
+    detail: String,
+}
+
+impl InternalError {
+    /// What the panic said.
+    pub(crate) fn from_panic(panic: &(dyn std::any::Any + Send)) -> InternalError {
+        let detail = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no detail".to_string());
+        InternalError { detail }
+    }
+}
+
+/// A rule that would move the object to another name, namespace or type, which the API
+/// server refuses with a message that does not name the rule.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the rule would change {field} from {before} to {after}; a rule may not change an object's apiVersion, kind, name or namespace"
+)]
+pub struct IdentityChange {
+    pub field: &'static str,
+    /// The value as the message shows it: quoted strings, `nothing`, or the type.
+    pub before: String,
+    pub after: String,
 }

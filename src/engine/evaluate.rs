@@ -130,7 +130,7 @@ impl RuleIndex {
                 outcome.budget_exceeded = true;
             }
             if outcome.budget_exceeded {
-                if rule.matches_guarded(subject, &doc) == Ok(false) {
+                if matches!(rule.matches_guarded(subject, &doc), Ok(false)) {
                     continue;
                 }
                 outcome.matched.push(rule.id.clone());
@@ -167,13 +167,17 @@ impl RuleIndex {
                     // Fail closed: the object may be half changed and cannot be admitted.
                     return Err(Denial {
                         rule: rule.id.clone(),
-                        message: format!("{} failed: {}", rule.id.describe(), sanitize(&error)),
+                        message: format!(
+                            "{} failed: {}",
+                            rule.id.describe(),
+                            sanitize(&error.to_string())
+                        ),
                         budget_exceeded: false,
                     });
                 }
                 RuleResult::Failed(error) => {
                     outcome.matched.push(rule.id.clone());
-                    if error == Stop::Budget {
+                    if matches!(error, Stop::Budget) {
                         // The rules after it have no time left either.
                         outcome.budget_exceeded = true;
                     }

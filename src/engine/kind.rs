@@ -73,16 +73,16 @@ pub struct KindPattern {
 }
 
 impl KindPattern {
-    pub fn parse(text: &str) -> Result<KindPattern, String> {
+    pub fn parse(text: &str) -> Result<KindPattern, KindError> {
         let parts: Vec<&str> = text.split('/').collect();
         let (group, version, kind) = match parts.as_slice() {
             [kind] => ("*", "*", *kind),
             [version, kind] => ("", *version, *kind),
             [group, version, kind] => (*group, *version, *kind),
             _ => {
-                return Err(format!(
-                    "invalid kind {text:?}: use Kind, version/Kind or group/version/Kind"
-                ));
+                return Err(KindError::Shape {
+                    text: text.to_string(),
+                });
             }
         };
         let segment = |s: &str| {
@@ -96,9 +96,10 @@ impl KindPattern {
             && !(kind.starts_with(|c: char| c.is_ascii_uppercase())
                 && kind.chars().all(|c| c.is_ascii_alphanumeric()))
         {
-            return Err(format!(
-                "invalid kind {text:?}: {kind:?} is not a Kind name (like Pod or Deployment) or *"
-            ));
+            return Err(KindError::Kind {
+                text: text.to_string(),
+                kind: kind.to_string(),
+            });
         }
         let version_ok = version == "*"
             || (!version.is_empty()
@@ -106,9 +107,10 @@ impl KindPattern {
                     .chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
         if !version_ok {
-            return Err(format!(
-                "invalid kind {text:?}: {version:?} is not an API version (like v1) or *"
-            ));
+            return Err(KindError::Version {
+                text: text.to_string(),
+                version: version.to_string(),
+            });
         }
         let group_ok = group == "*"
             || (parts.len() == 2 && group.is_empty())
@@ -118,9 +120,10 @@ impl KindPattern {
                     .chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'));
         if !group_ok {
-            return Err(format!(
-                "invalid kind {text:?}: {group:?} is not an API group (like apps) or *"
-            ));
+            return Err(KindError::Group {
+                text: text.to_string(),
+                group: group.to_string(),
+            });
         }
         Ok(KindPattern {
             group: segment(group),
@@ -134,6 +137,19 @@ impl KindPattern {
             && self.version.matches(&gvk.version)
             && self.group.matches(&gvk.group)
     }
+}
+
+/// A kind pattern of a rule that is not one.
+#[derive(Debug, thiserror::Error)]
+pub enum KindError {
+    #[error("invalid kind {text:?}: use Kind, version/Kind or group/version/Kind")]
+    Shape { text: String },
+    #[error("invalid kind {text:?}: {kind:?} is not a Kind name (like Pod or Deployment) or *")]
+    Kind { text: String, kind: String },
+    #[error("invalid kind {text:?}: {version:?} is not an API version (like v1) or *")]
+    Version { text: String, version: String },
+    #[error("invalid kind {text:?}: {group:?} is not an API group (like apps) or *")]
+    Group { text: String, group: String },
 }
 
 impl fmt::Display for KindPattern {

@@ -19,7 +19,10 @@
 
 use std::time::Instant;
 
+use regex::Regex;
 use serde_json::Value;
+
+use super::error::ApplyError;
 
 /// The deepest nesting, counted from the object's root, that a rule may write. The API
 /// server's own JSON decoder and `serde_json` (128) accept deeper objects, so whatever initium
@@ -123,29 +126,24 @@ pub fn count_nodes(value: &Value, max: usize) -> usize {
 }
 
 /// Why a rule stopped: an error or a limit (a sentence for the client), or out of time.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub(crate) enum Stop {
-    Error(String),
+    Error(Box<ApplyError>),
     Budget,
 }
 
-impl From<String> for Stop {
-    fn from(message: String) -> Self {
-        Stop::Error(message)
-    }
-}
-
-impl From<&str> for Stop {
-    fn from(message: &str) -> Self {
-        Stop::Error(message.to_string())
+impl<E: Into<ApplyError>> From<E> for Stop {
+    fn from(error: E) -> Self {
+        Stop::Error(Box::new(error.into()))
     }
 }
 
 impl Stop {
-    /// The same stop, its message put in context (the budget needs none).
-    pub fn context(self, f: impl FnOnce(String) -> String) -> Stop {
+    /// The same stop, put in context: where in the rule or the object it happened (the
+    /// budget needs none).
+    pub fn context(self, at: impl FnOnce() -> String) -> Stop {
         match self {
-            Stop::Error(message) => Stop::Error(f(message)),
+            Stop::Error(source) => Stop::Error(Box::new(ApplyError::At { at: at(), source })),
             Stop::Budget => Stop::Budget,
         }
     }
@@ -154,10 +152,44 @@ impl Stop {
 impl std::fmt::Display for Stop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Stop::Error(message) => f.write_str(message),
+            Stop::Error(error) => error.fmt(f),
             Stop::Budget => f.write_str("the latency budget ran out while the rule was running"),
         }
     }
+}
+
+impl std::error::Error for Stop {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Stop::Error(error) => error.source(),
+            Stop::Budget => None,
+        }
+    }
+}
+
+/// A limit a rule ran into while it was running.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    #[error(
+        "the rule would write more than {} into the object (the per-rule output limit, --max-rule-output)",
+        human_bytes(*.limit)
+    )]
+    RuleOutput { limit: usize },
+    #[error(
+        "the rules together would write more than {} into the object (the per-object output limit, --max-admission-output)",
+        human_bytes(*.limit)
+    )]
+    AdmissionOutput { limit: usize },
+    #[error(
+        "forEach would take more than {limit} element × mutation steps (the limit, --max-foreach-steps): {elements} elements × {mutations} mutations"
+    )]
+    ForEachSteps {
+        limit: usize,
+        elements: usize,
+        mutations: usize,
+    },
+    #[error("the rule would nest the object more than {MAX_DEPTH} levels deep (the depth limit)")]
+    Depth,
 }
 
 /// Counts what the rules of one admission write and how long they take.
@@ -204,16 +236,16 @@ impl<'a> Meter<'a> {
         let rule = self.rule_written.saturating_add(bytes);
         let total = self.total_written.saturating_add(bytes);
         if rule > self.limits.rule_output_bytes {
-            return Err(Stop::Error(format!(
-                "the rule would write more than {} into the object (the per-rule output limit, --max-rule-output)",
-                human_bytes(self.limits.rule_output_bytes)
-            )));
+            return Err(LimitError::RuleOutput {
+                limit: self.limits.rule_output_bytes,
+            }
+            .into());
         }
         if total > self.limits.admission_output_bytes {
-            return Err(Stop::Error(format!(
-                "the rules together would write more than {} into the object (the per-object output limit, --max-admission-output)",
-                human_bytes(self.limits.admission_output_bytes)
-            )));
+            return Err(LimitError::AdmissionOutput {
+                limit: self.limits.admission_output_bytes,
+            }
+            .into());
         }
         self.rule_written = rule;
         self.total_written = total;
@@ -239,10 +271,12 @@ impl<'a> Meter<'a> {
             .steps
             .saturating_add(elements.saturating_mul(mutations));
         if self.steps > self.limits.foreach_steps {
-            return Err(Stop::Error(format!(
-                "forEach would take more than {} element × mutation steps (the limit, --max-foreach-steps): {elements} elements × {mutations} mutations",
-                self.limits.foreach_steps
-            )));
+            return Err(LimitError::ForEachSteps {
+                limit: self.limits.foreach_steps,
+                elements,
+                mutations,
+            }
+            .into());
         }
         Ok(())
     }
@@ -269,11 +303,76 @@ impl<'a> Meter<'a> {
 /// [`MAX_DEPTH`].
 pub(crate) fn check_depth(depth: usize, at_depth: usize) -> Result<(), Stop> {
     if depth.saturating_add(at_depth) > MAX_DEPTH {
-        return Err(Stop::Error(format!(
-            "the rule would nest the object more than {MAX_DEPTH} levels deep (the depth limit)"
-        )));
+        return Err(LimitError::Depth.into());
     }
     Ok(())
+}
+
+/// Compiles a rule's regular expression within `size_limit` bytes (its share of what all the
+/// rule's regular expressions may use, see [`regex_share`]), so a rule cannot make initium
+/// allocate without limit or spend seconds compiling.
+pub fn compile_regex(pattern: &str, size_limit: usize) -> Result<Regex, RegexError> {
+    regex::RegexBuilder::new(pattern)
+        .size_limit(size_limit)
+        .dfa_size_limit(size_limit)
+        .build()
+        .map_err(|source| {
+            let pattern = pattern.to_string();
+            match &source {
+                // The syntax error's Display draws the pattern with a caret over several
+                // lines; its last line says what is wrong.
+                regex::Error::Syntax(text) => RegexError::Syntax {
+                    pattern,
+                    problem: text
+                        .lines()
+                        .last()
+                        .unwrap_or_default()
+                        .trim_start_matches("error: ")
+                        .to_string(),
+                    source,
+                },
+                regex::Error::CompiledTooBig(_) => RegexError::TooBig {
+                    pattern,
+                    size_limit,
+                    source,
+                },
+                _ => RegexError::Other { pattern, source },
+            }
+        })
+}
+
+/// Each of a rule's `count` regular expressions may compile to this many bytes.
+pub fn regex_share(count: usize) -> usize {
+    (RULE_REGEX_BYTES / count.max(1)).min(MAX_REGEX_BYTES)
+}
+
+/// A regular expression of a rule that does not compile, or not within its share.
+#[derive(Debug, thiserror::Error)]
+pub enum RegexError {
+    #[error("invalid regular expression {pattern:?}: {problem}")]
+    Syntax {
+        pattern: String,
+        problem: String,
+        #[source]
+        source: regex::Error,
+    },
+    #[error(
+        "regular expression {pattern:?} is too large once compiled (over {}; a rule's regular expressions share {}): simplify it, for example [a-zA-Z0-9_] instead of \\w, which matches every Unicode letter and digit, or fewer repetitions",
+        human_bytes(*.size_limit),
+        human_bytes(RULE_REGEX_BYTES)
+    )]
+    TooBig {
+        pattern: String,
+        size_limit: usize,
+        #[source]
+        source: regex::Error,
+    },
+    #[error("invalid regular expression {pattern:?}: {source}")]
+    Other {
+        pattern: String,
+        #[source]
+        source: regex::Error,
+    },
 }
 
 /// `1 MiB`, `512 KiB`, `100 bytes`.
@@ -343,10 +442,26 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_regular_expression_says_what_is_wrong_and_keeps_the_library_error() {
+        let error = compile_regex("a(b", MAX_REGEX_BYTES).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid regular expression \"a(b\": unclosed group"
+        );
+        let source = std::error::Error::source(&error).map(|s| s.is::<regex::Error>());
+        assert_eq!(source, Some(true));
+        let big = compile_regex("\\w{100}", 1 << 10).unwrap_err().to_string();
+        assert_eq!(
+            big,
+            "regular expression \"\\\\w{100}\" is too large once compiled (over 1 KiB; a rule's regular expressions share 4 MiB): simplify it, for example [a-zA-Z0-9_] instead of \\w, which matches every Unicode letter and digit, or fewer repetitions"
+        );
+    }
+
+    #[test]
     fn an_expired_deadline_stops_at_the_next_look() {
         let limits = Limits::default();
         let meter = Meter::new(&limits, Some(Instant::now()));
-        assert_eq!(meter.check_clock(), Err(Stop::Budget));
+        assert!(matches!(meter.check_clock(), Err(Stop::Budget)));
         let mut meter = Meter::new(&limits, Some(Instant::now()));
         let stopped = (0..CLOCK_STRIDE).any(|_| meter.tick().is_err());
         assert!(stopped);

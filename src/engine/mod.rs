@@ -9,25 +9,30 @@ mod journal;
 mod kind;
 mod limits;
 mod literal;
+mod matching;
 mod mutation;
 mod parse;
 mod path;
 mod rule;
-mod selector;
 mod template;
 
-pub use error::{FieldError, RuleErrors, sanitize};
+pub use error::{ApplyError, FieldError, IdentityChange, InternalError, RuleErrors, sanitize};
 pub use evaluate::{Denial, Outcome};
 pub use index::RuleIndex;
 pub use journal::PatchOp;
-pub use kind::{Gvk, KindPattern, Segment};
+pub use kind::{Gvk, KindError, KindPattern, Segment};
 pub use limits::{
-    Limits, MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, MAX_REGEX_BYTES, MAX_RULE_REGEXES,
-    QUERY_WORK_LIMIT, RULE_REGEX_BYTES,
+    LimitError, Limits, MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, MAX_REGEX_BYTES,
+    MAX_RULE_REGEXES, QUERY_WORK_LIMIT, RULE_REGEX_BYTES, RegexError,
 };
+pub use matching::MatchError;
+pub use mutation::MutationError;
 pub use parse::{RuleSource, compile_document, is_rule_document, parse_rule};
-pub use path::type_name as describe_value;
-pub use rule::{CompiledGate, CompiledRule, RuleId, Subject, compile, parse_duration};
+pub use path::{PointerError, QueryError, QueryProblem, type_name as describe_value};
+pub use rule::{
+    CompiledGate, CompiledRule, DurationError, RuleId, Subject, compile, parse_duration,
+};
+pub use template::{MisplacedTemplate, TemplateError};
 
 /// Compiles every rule; the ones that fail are reported and left out, the others still work.
 pub fn compile_all(sources: &[RuleSource]) -> (Vec<CompiledRule>, Vec<RuleErrors>) {

@@ -1,6 +1,7 @@
 //! The two path languages of a rule: RFC 6901 JSON pointers (where to change) and RFC 9535
 //! JSONPath queries (what to select).
 
+use jsonpath_rust::parser::errors::JsonPathError;
 use jsonpath_rust::parser::model::JpQuery;
 use jsonpath_rust::parser::parse_json_path;
 use jsonpath_rust::query::js_path_process;
@@ -11,7 +12,7 @@ use serde_json::Value;
 use super::limits::{
     MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, QUERY_WORK_LIMIT, count_nodes,
 };
-use super::mutation::compile_regex;
+use super::limits::{RegexError, compile_regex};
 
 /// An RFC 6901 pointer, kept in its encoded text form (`/metadata/annotations/a~1b`), which
 /// is canonical, so prefixes can be compared as text. The empty pointer is the whole document.
@@ -21,21 +22,21 @@ pub struct Pointer {
 }
 
 impl Pointer {
-    pub fn parse(text: &str) -> Result<Pointer, String> {
+    pub fn parse(text: &str) -> Result<Pointer, PointerError> {
         if text.is_empty() {
             return Ok(Pointer::root());
         }
         let Some(rest) = text.strip_prefix('/') else {
-            return Err(format!(
-                "invalid JSON pointer {text:?}: it must be empty or start with '/'"
-            ));
+            return Err(PointerError::NoLeadingSlash {
+                text: text.to_string(),
+            });
         };
         let mut chars = rest.chars();
         while let Some(c) = chars.next() {
             if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
-                return Err(format!(
-                    "invalid JSON pointer {text:?}: '~' must be followed by 0 or 1"
-                ));
+                return Err(PointerError::BadEscape {
+                    text: text.to_string(),
+                });
             }
         }
         Ok(Pointer {
@@ -183,7 +184,7 @@ impl Pointer {
         &self,
         doc: &'a mut Value,
         leaf: impl FnOnce() -> Value,
-    ) -> Result<&'a mut Value, String> {
+    ) -> Result<&'a mut Value, PointerError> {
         let mut current = doc;
         let mut leaf = Some(leaf);
         let mut before = 0;
@@ -203,20 +204,19 @@ impl Pointer {
                 Value::Array(items) => match parse_index(&token) {
                     Some(i) if i < items.len() => &mut items[i],
                     _ => {
-                        return Err(format!(
-                            "{}: no list element {token:?} (the list has {})",
-                            self.text,
-                            items.len()
-                        ));
+                        return Err(PointerError::NoListElement {
+                            pointer: self.text.clone(),
+                            token: token.into_owned(),
+                            len: items.len(),
+                        });
                     }
                 },
                 other => {
-                    return Err(format!(
-                        "{}: cannot descend into {} at {:?}",
-                        self.text,
-                        type_name(other),
-                        &self.text[..before]
-                    ));
+                    return Err(PointerError::CannotDescend {
+                        pointer: self.text.clone(),
+                        found: type_name(other),
+                        at: self.text[..before].to_string(),
+                    });
                 }
             };
             before = end;
@@ -311,6 +311,69 @@ pub fn type_name(v: &Value) -> &'static str {
     }
 }
 
+/// A JSON pointer of a rule that is not one, or that cannot be followed in an object.
+#[derive(Debug, thiserror::Error)]
+pub enum PointerError {
+    #[error("invalid JSON pointer {text:?}: it must be empty or start with '/'")]
+    NoLeadingSlash { text: String },
+    #[error("invalid JSON pointer {text:?}: '~' must be followed by 0 or 1")]
+    BadEscape { text: String },
+    #[error("{pointer}: no list element {token:?} (the list has {len})")]
+    NoListElement {
+        pointer: String,
+        token: String,
+        len: usize,
+    },
+    #[error("{pointer}: cannot descend into {found} at {at:?}")]
+    CannotDescend {
+        pointer: String,
+        found: &'static str,
+        at: String,
+    },
+}
+
+/// A JSONPath query of a rule that is not valid, or that would do too much work on an object.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("invalid JSONPath {text:?}: {problem}")]
+    Invalid {
+        text: String,
+        #[source]
+        problem: QueryProblem,
+    },
+    #[error(
+        "JSONPath {text:?} would visit more than {QUERY_WORK_LIMIT} nodes of this object (the query work limit); avoid descendant segments (..) on large objects"
+    )]
+    TooMuchWork { text: String },
+}
+
+/// What is wrong with an invalid JSONPath query.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryProblem {
+    #[error("it must start with '$'")]
+    NoRoot,
+    #[error(
+        "brackets and parentheses nest {nesting} deep; at most {MAX_QUERY_NESTING} are allowed"
+    )]
+    TooNested { nesting: usize },
+    #[error(
+        "it has {descendants} descendant segments (..); at most {MAX_QUERY_DESCENDANTS} are allowed, since each can visit the whole object again"
+    )]
+    TooManyDescendants { descendants: usize },
+    /// The parser's message on one line; the parser's own error is the source.
+    #[error("{message}")]
+    Syntax {
+        message: String,
+        source: Box<JsonPathError>,
+    },
+    #[error(
+        "the pattern of {function}() must be a string literal ({function}(@.x, 'pattern')): a pattern taken from the object would be compiled at every admission"
+    )]
+    PatternNotLiteral { function: &'static str },
+    #[error("in match() or search(): {0}")]
+    FunctionRegex(#[source] Box<RegexError>),
+}
+
 /// A compiled RFC 9535 JSONPath query.
 ///
 /// Queries made only of names, indices, wildcards and name unions (`$.spec.containers[*]`,
@@ -342,30 +405,36 @@ impl PartialEq for Query {
 }
 
 impl Query {
-    pub fn parse(text: &str) -> Result<Query, String> {
+    pub fn parse(text: &str) -> Result<Query, QueryError> {
+        let invalid = |problem| QueryError::Invalid {
+            text: text.to_string(),
+            problem,
+        };
         if !text.starts_with('$') {
-            return Err(format!("invalid JSONPath {text:?}: it must start with '$'"));
+            return Err(invalid(QueryProblem::NoRoot));
         }
         let shape = shape(text);
         if shape.nesting > MAX_QUERY_NESTING {
-            return Err(format!(
-                "invalid JSONPath {text:?}: brackets and parentheses nest {} deep; at most {MAX_QUERY_NESTING} are allowed",
-                shape.nesting
-            ));
+            return Err(invalid(QueryProblem::TooNested {
+                nesting: shape.nesting,
+            }));
         }
         if shape.descendants > MAX_QUERY_DESCENDANTS {
-            return Err(format!(
-                "invalid JSONPath {text:?}: it has {} descendant segments (..); at most {MAX_QUERY_DESCENDANTS} are allowed, since each can visit the whole object again",
-                shape.descendants
-            ));
+            return Err(invalid(QueryProblem::TooManyDescendants {
+                descendants: shape.descendants,
+            }));
         }
-        let query = parse_json_path(text)
-            .map_err(|e| format!("invalid JSONPath {text:?}: {}", one_line(&e.to_string())))?;
-        let patterns =
-            regex_function_patterns(text).map_err(|e| format!("invalid JSONPath {text:?}: {e}"))?;
+        let query = parse_json_path(text).map_err(|source| {
+            invalid(QueryProblem::Syntax {
+                message: one_line(&source.to_string()),
+                source: Box::new(source),
+            })
+        })?;
+        let patterns = regex_function_patterns(text)
+            .map_err(|function| invalid(QueryProblem::PatternNotLiteral { function }))?;
         for pattern in &patterns {
             compile_regex(pattern, REGEX_FUNCTION_BYTES)
-                .map_err(|e| format!("invalid JSONPath {text:?}: in match() or search(): {e}"))?;
+                .map_err(|source| invalid(QueryProblem::FunctionRegex(Box::new(source))))?;
         }
         Ok(Query {
             query,
@@ -379,7 +448,7 @@ impl Query {
     /// Refuses a query with descendant segments on an object so large that it would visit more
     /// than [`QUERY_WORK_LIMIT`] nodes (estimated before it runs: the library that evaluates such
     /// queries cannot be interrupted).
-    fn check_work(&self, doc: &Value) -> Result<(), String> {
+    fn check_work(&self, doc: &Value) -> Result<(), QueryError> {
         if self.descendants == 0 && self.regex_functions == 0 {
             return Ok(());
         }
@@ -393,10 +462,9 @@ impl Query {
             per_node = per_node.saturating_mul(REGEX_FUNCTION_COST);
         }
         if nodes.saturating_mul(per_node) > QUERY_WORK_LIMIT {
-            return Err(format!(
-                "JSONPath {:?} would visit more than {QUERY_WORK_LIMIT} nodes of this object (the query work limit); avoid descendant segments (..) on large objects",
-                self.text
-            ));
+            return Err(QueryError::TooMuchWork {
+                text: self.text.clone(),
+            });
         }
         Ok(())
     }
@@ -404,7 +472,7 @@ impl Query {
     /// The selected values. Queries are validated at compile time, so an evaluation error
     /// (which the library reports for some type mismatches) selects nothing. Fails only when
     /// the query would do too much work (see `check_work`).
-    pub fn select<'a>(&self, doc: &'a Value) -> Result<Vec<&'a Value>, String> {
+    pub fn select<'a>(&self, doc: &'a Value) -> Result<Vec<&'a Value>, QueryError> {
         if let Some(steps) = &self.simple {
             let mut out = Vec::new();
             walk(doc, steps, &mut String::new(), &mut |v, _| out.push(v));
@@ -417,7 +485,7 @@ impl Query {
     }
 
     /// The pointers of the selected values, in document order.
-    pub fn locate(&self, doc: &Value) -> Result<Vec<Pointer>, String> {
+    pub fn locate(&self, doc: &Value) -> Result<Vec<Pointer>, QueryError> {
         if let Some(steps) = &self.simple {
             let mut out = Vec::new();
             walk(doc, steps, &mut String::new(), &mut |_, path| {
@@ -449,8 +517,8 @@ const REGEX_FUNCTION_COST: usize = 1_000;
 
 /// The pattern argument of every `match()` and `search()` call in `text`, unescaped. A pattern
 /// that is not a string literal (one taken from the object, say) is refused: it would be
-/// compiled at every admission with no limit.
-fn regex_function_patterns(text: &str) -> Result<Vec<String>, String> {
+/// compiled at every admission with no limit. The error names the function.
+fn regex_function_patterns(text: &str) -> Result<Vec<String>, &'static str> {
     let chars: Vec<char> = text.chars().collect();
     let mut patterns = Vec::new();
     let mut skip_to = 0;
@@ -468,9 +536,7 @@ fn regex_function_patterns(text: &str) -> Result<Vec<String>, String> {
             j += 1;
         }
         if chars.get(j) == Some(&'(') {
-            patterns.push(second_argument(&chars, j + 1).ok_or_else(|| {
-                format!("the pattern of {name}() must be a string literal ({name}(@.x, 'pattern')): a pattern taken from the object would be compiled at every admission")
-            })?);
+            patterns.push(second_argument(&chars, j + 1).ok_or(name)?);
             skip_to = j;
         }
     }
@@ -787,7 +853,7 @@ mod tests {
             .get_or_create(&mut doc, || json!([]))
             .unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "/spec/volumes: cannot descend into a string at \"/spec\""
         );
     }
@@ -901,12 +967,16 @@ mod tests {
             regex_function_patterns("$[?match(@.a, \"x\\\\d+\") && search(@.b, 'y')]").unwrap(),
             vec!["x\\d+".to_string(), "y".to_string()]
         );
-        let from_object = Query::parse("$..[?search(@.image, @.pattern)]").unwrap_err();
+        let from_object = Query::parse("$..[?search(@.image, @.pattern)]")
+            .unwrap_err()
+            .to_string();
         assert!(
             from_object.contains("must be a string literal"),
             "{from_object}"
         );
-        let big = Query::parse("$..[?search(@, '\\\\w{30}\\\\w{30}')]").unwrap_err();
+        let big = Query::parse("$..[?search(@, '\\\\w{30}\\\\w{30}')]")
+            .unwrap_err()
+            .to_string();
         assert!(big.contains("is too large once compiled"), "{big}");
         // Names that merely contain the words are not calls.
         assert!(

@@ -1,4 +1,5 @@
-//! A rule compiled for evaluation: matchers, conditions and mutations, all validated.
+//! A rule compiled for evaluation: what it matches (see `matching`), its mutations, and how
+//! it runs on an object: atomically, its failures left to its failure policy.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -7,19 +8,17 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use regex::Regex;
 use serde_json::Value;
 
-use crate::api::{FailurePolicy, MatchResources, Operation, RuleSpec};
+use crate::api::{DEPENDENCY_KINDS, FailurePolicy, Operation, RuleSpec, exactly_one_of_message};
 
-use super::error::{Errors, RuleErrors};
-use super::glob::Glob;
+use super::error::{Errors, IdentityChange, InternalError, RuleErrors};
 use super::journal::Journal;
 use super::kind::{Gvk, KindPattern};
-use super::limits::{MAX_RULE_REGEXES, Meter, Stop};
-use super::mutation::{self, Mutation, compile_regex, regex_share};
+use super::limits::{MAX_RULE_REGEXES, Meter, Stop, regex_share};
+use super::matching::{Conditions, MatchError, Matcher};
+use super::mutation::{self, Mutation};
 use super::path::{Pointer, Query, type_name as describe_value};
-use super::selector::Selector;
 
 /// Which rule: a ClusterMutationRule `name`, or a MutationRule `namespace/name`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -102,212 +101,8 @@ pub struct Subject<'a> {
 }
 
 impl Subject<'_> {
-    fn is_namespace_object(&self) -> bool {
+    pub(crate) fn is_namespace_object(&self) -> bool {
         self.gvk.group.is_empty() && self.gvk.kind == "Namespace"
-    }
-}
-
-#[derive(Clone, Debug)]
-struct Matcher {
-    kinds: Vec<KindPattern>,
-    operations: Option<Vec<Operation>>,
-    names: Vec<Glob>,
-    namespaces: Vec<Glob>,
-    namespace_selector: Option<Selector>,
-    labels: Option<Selector>,
-    annotations: Vec<(String, Glob)>,
-}
-
-impl Matcher {
-    fn compile(m: &MatchResources, at: &str, is_exclude: bool, errors: &mut Errors) -> Matcher {
-        let mut kinds = Vec::new();
-        for (i, k) in m.kinds.iter().enumerate() {
-            match KindPattern::parse(k) {
-                Ok(p) => kinds.push(p),
-                Err(e) => errors.push(format!("{at}.kinds[{i}]"), e),
-            }
-        }
-        if !is_exclude && m.kinds.is_empty() {
-            errors.push(
-                format!("{at}.kinds"),
-                "list at least one kind, e.g. [Pod] (use [\"*\"] for every kind)",
-            );
-        }
-        if let Some(ops) = &m.operations
-            && ops.is_empty()
-        {
-            errors.push(
-                format!("{at}.operations"),
-                "list at least one operation (CREATE, UPDATE) or leave it out",
-            );
-        }
-        let operations = match &m.operations {
-            Some(ops) => Some(ops.clone()),
-            None if is_exclude => None,
-            None => Some(vec![Operation::Create]),
-        };
-        let names_ok = |list: &[String], field: &str, errors: &mut Errors| {
-            for (i, n) in list.iter().enumerate() {
-                if n.is_empty() {
-                    errors.push(
-                        format!("{at}.{field}[{i}]"),
-                        "empty pattern matches nothing; use \"*\" for any",
-                    );
-                }
-            }
-        };
-        names_ok(&m.names, "names", errors);
-        names_ok(&m.namespaces, "namespaces", errors);
-        let namespace_selector = m
-            .namespace_selector
-            .as_ref()
-            .map(|s| Selector::compile(s, &format!("{at}.namespaceSelector"), errors));
-        let labels = m
-            .labels
-            .as_ref()
-            .map(|s| Selector::compile(s, &format!("{at}.labels"), errors));
-        Matcher {
-            kinds,
-            operations,
-            names: m.names.iter().map(|n| Glob::new(n)).collect(),
-            namespaces: m.namespaces.iter().map(|n| Glob::new(n)).collect(),
-            namespace_selector,
-            labels,
-            annotations: m
-                .annotations
-                .iter()
-                .map(|(k, v)| (k.clone(), Glob::new(v)))
-                .collect(),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.kinds.is_empty()
-            && self.operations.is_none()
-            && self.names.is_empty()
-            && self.namespaces.is_empty()
-            && self.namespace_selector.is_none()
-            && self.labels.is_none()
-            && self.annotations.is_empty()
-    }
-
-    /// Whether the object matches. An error when it cannot be told: the labels of the
-    /// object's Namespace are needed but not known (yet).
-    fn matches(&self, subject: &Subject, object: &Value) -> Result<bool, String> {
-        if !self.kinds.is_empty() && !self.kinds.iter().any(|k| k.matches(subject.gvk)) {
-            return Ok(false);
-        }
-        if let Some(ops) = &self.operations
-            && !ops.contains(&subject.operation)
-        {
-            return Ok(false);
-        }
-        let metadata = object.get("metadata");
-        let meta_str = |field: &str| {
-            metadata
-                .and_then(|m| m.get(field))
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-        };
-        if !self.names.is_empty() {
-            let name = subject
-                .name
-                .filter(|n| !n.is_empty())
-                .or_else(|| meta_str("name"))
-                .or_else(|| meta_str("generateName"))
-                .unwrap_or("");
-            if !self.names.iter().any(|g| g.matches(name)) {
-                return Ok(false);
-            }
-        }
-        // A rule restricted by namespace applies to namespaced objects, and to Namespace
-        // objects by their own name and labels; never to other cluster-scoped objects.
-        let namespace = if subject.is_namespace_object() {
-            subject
-                .name
-                .filter(|n| !n.is_empty())
-                .or_else(|| meta_str("name"))
-        } else {
-            subject.namespace.filter(|n| !n.is_empty())
-        };
-        if !self.namespaces.is_empty() {
-            match namespace {
-                Some(ns) if self.namespaces.iter().any(|g| g.matches(ns)) => {}
-                _ => return Ok(false),
-            }
-        }
-        if let Some(selector) = &self.namespace_selector {
-            let holds = if subject.is_namespace_object() {
-                selector.matches(
-                    metadata
-                        .and_then(|m| m.get("labels"))
-                        .and_then(Value::as_object),
-                )
-            } else if namespace.is_some() {
-                match (subject.namespace_labels, namespace) {
-                    (Some(labels), _) => selector.matches_map(labels),
-                    // Guessing "no labels" could match a NotIn/DoesNotExist selector wrongly.
-                    (None, ns) => {
-                        return Err(format!(
-                            "the labels of namespace {} are not known yet (needed by namespaceSelector)",
-                            ns.unwrap_or_default()
-                        ));
-                    }
-                }
-            } else {
-                false
-            };
-            if !holds {
-                return Ok(false);
-            }
-        }
-        if let Some(selector) = &self.labels
-            && !selector.matches(
-                metadata
-                    .and_then(|m| m.get("labels"))
-                    .and_then(Value::as_object),
-            )
-        {
-            return Ok(false);
-        }
-        if !self.annotations.is_empty() {
-            let annotations = metadata
-                .and_then(|m| m.get("annotations"))
-                .and_then(Value::as_object);
-            for (key, glob) in &self.annotations {
-                match annotations.and_then(|a| a.get(key)).and_then(Value::as_str) {
-                    Some(v) if glob.matches(v) => {}
-                    _ => return Ok(false),
-                }
-            }
-        }
-        Ok(true)
-    }
-}
-
-#[derive(Clone, Debug)]
-enum Test {
-    Matches(Regex),
-    Equals(Value),
-    Exists(bool),
-}
-
-#[derive(Clone, Debug)]
-struct Condition {
-    query: Query,
-    test: Test,
-}
-
-impl Condition {
-    fn holds(&self, object: &Value) -> Result<bool, String> {
-        let found = self.query.select(object)?;
-        Ok(match &self.test {
-            Test::Matches(re) => found
-                .iter()
-                .any(|v| v.as_str().is_some_and(|s| re.is_match(s))),
-            Test::Equals(want) => found.contains(&want),
-            Test::Exists(want) => found.is_empty() != *want,
-        })
     }
 }
 
@@ -326,7 +121,7 @@ pub struct CompiledRule {
     matcher: Matcher,
     /// Boxed: most rules have none, and every rule of a cluster is kept compiled.
     exclude: Option<Box<Matcher>>,
-    conditions: Vec<Condition>,
+    conditions: Conditions,
     mutations: Vec<Mutation>,
     pub gate: Option<CompiledGate>,
 }
@@ -340,25 +135,31 @@ pub(crate) enum RuleResult {
     Failed(Stop),
     /// The rule failed and its changes could not be undone (an internal error while undoing
     /// them): the object is not fit to be admitted.
-    Corrupted(String),
+    Corrupted(UndoFailed),
+}
+
+/// A rule failed, and putting back what it had changed failed too.
+#[derive(Debug, thiserror::Error)]
+#[error("{failure}; then undoing its changes failed: {undo}")]
+pub(crate) struct UndoFailed {
+    failure: Stop,
+    #[source]
+    undo: InternalError,
 }
 
 impl CompiledRule {
     pub fn kinds(&self) -> &[KindPattern] {
-        &self.matcher.kinds
+        self.matcher.kinds()
     }
 
     /// The operations the rule can act on (for the webhook configuration).
     pub fn operations(&self) -> &[Operation] {
-        self.matcher.operations.as_deref().unwrap_or(&[])
+        self.matcher.operations()
     }
 
     /// Namespace names the rule is limited to when they are all literal (for the index).
     pub(crate) fn literal_namespaces(&self) -> Option<Vec<String>> {
-        if self.matcher.namespaces.is_empty() {
-            return None;
-        }
-        self.matcher.namespaces.iter().map(Glob::literal).collect()
+        self.matcher.literal_namespaces()
     }
 
     pub(crate) fn order(&self, other: &CompiledRule) -> Ordering {
@@ -369,7 +170,7 @@ impl CompiledRule {
 
     /// Whether the rule applies to the object; an error when that cannot be told (see
     /// `Subject::namespace_labels`), which the rule's failure policy then handles.
-    pub(crate) fn matches(&self, subject: &Subject, object: &Value) -> Result<bool, String> {
+    pub(crate) fn matches(&self, subject: &Subject, object: &Value) -> Result<bool, MatchError> {
         if !self.matcher.matches(subject, object)? {
             return Ok(false);
         }
@@ -378,15 +179,7 @@ impl CompiledRule {
         {
             return Ok(false);
         }
-        for (i, c) in self.conditions.iter().enumerate() {
-            if !c
-                .holds(object)
-                .map_err(|e| format!("spec.conditions[{i}].path: {e}"))?
-            {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        self.conditions.hold(object)
     }
 
     /// `matches`, with anything unexpected inside (a bug, here or in a library) turned into
@@ -395,9 +188,9 @@ impl CompiledRule {
         &self,
         subject: &Subject,
         object: &Value,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, MatchError> {
         catch_unwind(AssertUnwindSafe(|| self.matches(subject, object)))
-            .unwrap_or_else(|panic| Err(internal_error(&panic)))
+            .unwrap_or_else(|panic| Err(InternalError::from_panic(&*panic).into()))
     }
 
     /// Runs the rule on `doc` in place. The rule is atomic: when a mutation fails (or goes
@@ -408,7 +201,7 @@ impl CompiledRule {
         match self.matches_guarded(subject, doc) {
             Ok(true) => {}
             Ok(false) => return RuleResult::NotMatched,
-            Err(e) => return RuleResult::Failed(Stop::Error(e)),
+            Err(e) => return RuleResult::Failed(e.into()),
         }
         meter.start_rule();
         let mut journal = Journal::default();
@@ -416,7 +209,7 @@ impl CompiledRule {
             self.mutate(doc, &mut journal, meter)?;
             check_identity(&journal, doc)
         }))
-        .unwrap_or_else(|panic| Err(Stop::Error(internal_error(&panic))));
+        .unwrap_or_else(|panic| Err(InternalError::from_panic(&*panic).into()));
         match result {
             Ok(()) if journal.changed(doc) => RuleResult::Changed(journal),
             Ok(()) => RuleResult::Unchanged,
@@ -425,10 +218,10 @@ impl CompiledRule {
                     meter.undo_rule();
                     RuleResult::Failed(stop)
                 }
-                Err(panic) => RuleResult::Corrupted(format!(
-                    "{stop}; then undoing its changes failed: {}",
-                    internal_error(&panic)
-                )),
+                Err(panic) => RuleResult::Corrupted(UndoFailed {
+                    failure: stop,
+                    undo: InternalError::from_panic(&*panic),
+                }),
             },
         }
     }
@@ -442,7 +235,7 @@ impl CompiledRule {
         let root = Pointer::root();
         for (i, m) in self.mutations.iter().enumerate() {
             m.apply(doc, &root, journal, meter)
-                .map_err(|e| e.context(|e| format!("spec.mutations[{i}]: {e}")))?;
+                .map_err(|e| e.context(|| format!("spec.mutations[{i}]")))?;
         }
         Ok(())
     }
@@ -470,27 +263,15 @@ fn check_identity(journal: &Journal, doc: &Value) -> Result<(), Stop> {
                 Some(Value::String(s)) => format!("{s:?}"),
                 Some(other) => describe_value(other).to_string(),
             };
-            return Err(Stop::Error(format!(
-                "the rule would change {field} from {} to {}; a rule may not change an object's apiVersion, kind, name or namespace",
-                show(before.as_ref()),
-                show(pointer.get(doc))
-            )));
+            return Err(IdentityChange {
+                field,
+                before: show(before.as_ref()),
+                after: show(pointer.get(doc)),
+            }
+            .into());
         }
     }
     Ok(())
-}
-
-/// A sentence for a panic caught at the rule boundary.
-fn internal_error(panic: &Box<dyn std::any::Any + Send>) -> String {
-    let detail = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "no detail".to_string());
-    format!(
-        "initium hit an internal error while running the rule ({}); the rule was skipped — please report this with the rule",
-        crate::engine::sanitize(&detail)
-    )
 }
 
 /// Compiles a rule, or lists every problem in it with its field path.
@@ -535,36 +316,7 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
         );
     }
     let regex_limit = regex_share(regexes);
-    let mut conditions = Vec::new();
-    for (i, c) in spec.conditions.iter().enumerate() {
-        let at = format!("spec.conditions[{i}]");
-        let query = Query::parse(&c.path)
-            .map_err(|e| errors.push(format!("{at}.path"), e))
-            .ok();
-        let set = [c.matches.is_some(), c.equals.is_some(), c.exists.is_some()]
-            .iter()
-            .filter(|x| **x)
-            .count();
-        let test = match (&c.matches, &c.equals, c.exists) {
-            _ if set != 1 => {
-                errors.push(
-                    &at,
-                    format!("set exactly one of matches, equals, exists (found {set})"),
-                );
-                None
-            }
-            (Some(re), _, _) => compile_regex(re, regex_limit)
-                .map(Test::Matches)
-                .map_err(|e| errors.push(format!("{at}.matches"), e))
-                .ok(),
-            (_, Some(v), _) => Some(Test::Equals(v.clone())),
-            (_, _, Some(b)) => Some(Test::Exists(b)),
-            _ => None,
-        };
-        if let (Some(query), Some(test)) = (query, test) {
-            conditions.push(Condition { query, test });
-        }
-    }
+    let conditions = Conditions::compile(&spec.conditions, regex_limit, &mut errors);
     if spec.mutations.is_empty() {
         errors.push("spec.mutations", "a rule needs at least one mutation");
     }
@@ -577,8 +329,8 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
         })
         .collect();
     let gate = spec.gate.as_ref().and_then(|g| {
-        let only_pods = !matcher.kinds.is_empty()
-            && matcher.kinds.iter().all(|k| {
+        let only_pods = !matcher.kinds().is_empty()
+            && matcher.kinds().iter().all(|k| {
                 k.kind.exact() == Some("Pod") && k.group.exact().is_none_or(str::is_empty)
             });
         if !only_pods {
@@ -609,7 +361,10 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
             if set != 1 {
                 errors.push(
                     format!("spec.gate.waitFor[{i}]"),
-                    format!("set exactly one of service, job, pods, object (found {set})"),
+                    format!(
+                        "{} (found {set})",
+                        exactly_one_of_message(&DEPENDENCY_KINDS)
+                    ),
                 );
             }
             // DESIGN.md: a MutationRule may only wait on objects in its own namespace.
@@ -667,25 +422,15 @@ fn count_regexes(spec: &RuleSpec) -> usize {
         .iter()
         .filter(|c| c.matches.is_some())
         .count();
-    let rewrites: usize = spec
-        .mutations
-        .iter()
-        .map(|m| {
-            usize::from(m.rewrite.is_some())
-                + m.mutations
-                    .iter()
-                    .flatten()
-                    .filter(|n| n.rewrite.is_some())
-                    .count()
-        })
-        .sum();
-    conditions + rewrites
+    let mutations: usize = spec.mutations.iter().map(mutation::count_regexes).sum();
+    conditions + mutations
 }
 
 /// `30s`, `10m`, `1h`, `1h30m`, `500ms`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad =
-        || format!("invalid duration {text:?}: use a number with a unit, like 30s, 10m or 1h30m");
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    let bad = || DurationError {
+        text: text.to_string(),
+    };
     let mut total = Duration::ZERO;
     let mut rest = text.trim();
     if rest.is_empty() {
@@ -709,4 +454,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         rest = &rest[unit_len..];
     }
     Ok(total)
+}
+
+/// A duration that is not a number with a unit.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid duration {text:?}: use a number with a unit, like 30s, 10m or 1h30m")]
+pub struct DurationError {
+    text: String,
 }

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::limits::{MAX_DEPTH, Meter, Size, Stop, measure};
 use super::literal::Lit;
-use super::path::{Query, type_name};
+use super::path::{Query, QueryError, type_name};
 
 #[derive(Clone, Debug, PartialEq)]
 enum Root {
@@ -55,8 +55,7 @@ pub struct Scope<'a> {
 
 impl Template {
     /// Compiles every string in `value`. `element_allowed` is false outside `forEach`.
-    /// Errors are `(json pointer inside the value, message)`.
-    pub fn compile(value: &Value, element_allowed: bool) -> Result<Template, (String, String)> {
+    pub fn compile(value: &Value, element_allowed: bool) -> Result<Template, MisplacedTemplate> {
         let mut uses_element = false;
         let node = compile_node(value, "", element_allowed, &mut uses_element)?;
         Ok(Template {
@@ -96,10 +95,13 @@ fn compile_node(
     at: &str,
     element_allowed: bool,
     uses_element: &mut bool,
-) -> Result<Node, (String, String)> {
+) -> Result<Node, MisplacedTemplate> {
     let node = match value {
         Value::String(s) => {
-            compile_string(s, element_allowed, uses_element).map_err(|e| (at.to_string(), e))?
+            compile_string(s, element_allowed, uses_element).map_err(|error| MisplacedTemplate {
+                at: at.to_string(),
+                error,
+            })?
         }
         Value::Array(items) => {
             let nodes = items
@@ -133,7 +135,11 @@ fn compile_node(
     Ok(node)
 }
 
-fn compile_string(s: &str, element_allowed: bool, uses_element: &mut bool) -> Result<Node, String> {
+fn compile_string(
+    s: &str,
+    element_allowed: bool,
+    uses_element: &mut bool,
+) -> Result<Node, TemplateError> {
     if !s.contains("{{") {
         return Ok(Node::Literal(Lit::String(s.into())));
     }
@@ -145,26 +151,30 @@ fn compile_string(s: &str, element_allowed: bool, uses_element: &mut bool) -> Re
         }
         let after = &rest[start + 2..];
         let Some(end) = after.find("}}") else {
-            return Err(format!("template in {s:?} has no closing }}}}"));
+            return Err(TemplateError::Unclosed {
+                text: s.to_string(),
+            });
         };
         let source = after[..end].trim();
         let (root, query_text) = if let Some(tail) = source.strip_prefix('@') {
             if !element_allowed {
-                return Err(format!(
-                    "template {{{{ {source} }}}}: @ (the current element) is only available inside forEach"
-                ));
+                return Err(TemplateError::ElementOutsideForEach {
+                    expr: source.to_string(),
+                });
             }
             *uses_element = true;
             (Root::Element, format!("${tail}"))
         } else if source.starts_with('$') {
             (Root::Object, source.to_string())
         } else {
-            return Err(format!(
-                "template {{{{ {source} }}}}: the JSONPath must start with $ (the object) or @ (the forEach element)"
-            ));
+            return Err(TemplateError::NoRoot {
+                expr: source.to_string(),
+            });
         };
-        let query =
-            Query::parse(&query_text).map_err(|e| format!("template {{{{ {source} }}}}: {e}"))?;
+        let query = Query::parse(&query_text).map_err(|error| TemplateError::Query {
+            expr: source.to_string(),
+            source: error,
+        })?;
         parts.push(Part::Expr(Expr {
             root,
             query,
@@ -203,11 +213,11 @@ fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, S
                         v @ (Value::Number(_) | Value::Bool(_)) => out.push_str(&v.to_string()),
                         Value::Null => {}
                         other => {
-                            return Err(Stop::Error(format!(
-                                "template {{{{ {} }}}} selected {}; inside a longer string only strings, numbers and booleans fit",
-                                expr.source,
-                                type_name(other)
-                            )));
+                            return Err(TemplateError::NotScalar {
+                                expr: expr.source.clone(),
+                                found: type_name(other),
+                            }
+                            .into());
                         }
                     },
                 }
@@ -230,34 +240,67 @@ fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, S
     })
 }
 
-fn select_one<'a>(expr: &Expr, scope: &Scope<'a>) -> Result<&'a Value, String> {
+fn select_one<'a>(expr: &Expr, scope: &Scope<'a>) -> Result<&'a Value, TemplateError> {
     let doc = match expr.root {
         Root::Object => scope.object,
-        Root::Element => scope
-            .element
-            .ok_or_else(|| {
-                format!(
-                    "template {{{{ {} }}}}: the forEach element no longer exists: an earlier step of this forEach removed or replaced it",
-                    expr.source
-                )
-            })?,
+        Root::Element => scope.element.ok_or_else(|| TemplateError::ElementGone {
+            expr: expr.source.clone(),
+        })?,
     };
     let found = expr
         .query
         .select(doc)
-        .map_err(|e| format!("template {{{{ {} }}}}: {e}", expr.source))?;
+        .map_err(|source| TemplateError::Query {
+            expr: expr.source.clone(),
+            source,
+        })?;
     match found.as_slice() {
         [one] => Ok(one),
-        [] => Err(format!(
-            "template {{{{ {} }}}} selected nothing",
-            expr.source
-        )),
-        many => Err(format!(
-            "template {{{{ {} }}}} selected {} values; use a path that selects one",
-            expr.source,
-            many.len()
-        )),
+        [] => Err(TemplateError::SelectedNothing {
+            expr: expr.source.clone(),
+        }),
+        many => Err(TemplateError::SelectedMany {
+            expr: expr.source.clone(),
+            count: many.len(),
+        }),
     }
+}
+
+/// A template that does not compile, or that cannot be rendered for this object. `expr` is the
+/// JSONPath as written between the braces.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("template in {text:?} has no closing }}}}")]
+    Unclosed { text: String },
+    #[error("template {{{{ {expr} }}}}: @ (the current element) is only available inside forEach")]
+    ElementOutsideForEach { expr: String },
+    #[error(
+        "template {{{{ {expr} }}}}: the JSONPath must start with $ (the object) or @ (the forEach element)"
+    )]
+    NoRoot { expr: String },
+    #[error("template {{{{ {expr} }}}}: {source}")]
+    Query { expr: String, source: QueryError },
+    #[error(
+        "template {{{{ {expr} }}}}: the forEach element no longer exists: an earlier step of this forEach removed or replaced it"
+    )]
+    ElementGone { expr: String },
+    #[error("template {{{{ {expr} }}}} selected nothing")]
+    SelectedNothing { expr: String },
+    #[error("template {{{{ {expr} }}}} selected {count} values; use a path that selects one")]
+    SelectedMany { expr: String, count: usize },
+    #[error(
+        "template {{{{ {expr} }}}} selected {found}; inside a longer string only strings, numbers and booleans fit"
+    )]
+    NotScalar { expr: String, found: &'static str },
+}
+
+/// A template that does not compile, and where it is in the value: a JSON pointer, empty
+/// for the value itself.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct MisplacedTemplate {
+    pub at: String,
+    pub error: TemplateError,
 }
 
 #[cfg(test)]
@@ -269,7 +312,7 @@ mod tests {
         let limits = crate::engine::Limits::default();
         let mut meter = Meter::new(&limits, None);
         Template::compile(&value, true)
-            .map_err(|e| e.1)?
+            .map_err(|e| e.to_string())?
             .render(&Scope { object, element }, &mut meter)
             .map_err(|e| e.to_string())
     }
@@ -320,8 +363,9 @@ mod tests {
             render(json!("x-{{ $.spec }}"), &obj, None).unwrap_err(),
             "template {{ $.spec }} selected an object; inside a longer string only strings, numbers and booleans fit"
         );
+        let misplaced = Template::compile(&json!({"a": ["{{ $.x"]}), false).unwrap_err();
         assert_eq!(
-            Template::compile(&json!({"a": ["{{ $.x"]}), false).unwrap_err(),
+            (misplaced.at, misplaced.error.to_string()),
             (
                 "/a/0".to_string(),
                 "template in \"{{ $.x\" has no closing }}".to_string()
@@ -330,19 +374,19 @@ mod tests {
         assert!(
             Template::compile(&json!("{{ @.name }}"), false)
                 .unwrap_err()
-                .1
+                .to_string()
                 .contains("only available inside forEach")
         );
         assert!(
             Template::compile(&json!("{{ spec }}"), false)
                 .unwrap_err()
-                .1
+                .to_string()
                 .contains("must start with $")
         );
         assert!(
             Template::compile(&json!("{{ $.a[ }}"), false)
                 .unwrap_err()
-                .1
+                .to_string()
                 .contains("invalid JSONPath")
         );
     }

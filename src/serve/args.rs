@@ -185,7 +185,7 @@ pub enum LogFormat {
 }
 
 fn budget(text: &str) -> Result<Duration, String> {
-    let d = parse_duration(text)?;
+    let d = parse_duration(text).map_err(|e| e.to_string())?;
     if d > Duration::from_secs(15) {
         return Err(
             "at most 15s: the webhook timeout is twice the budget and Kubernetes allows 30s".into(),

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::error::Errors;
+use crate::engine::error::Errors;
 
 #[derive(Clone, Debug, PartialEq)]
 enum Requirement {

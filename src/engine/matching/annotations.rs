@@ -1,0 +1,40 @@
+//! `annotations`: annotation key -> glob on its value; `*` only requires the key.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::engine::glob::Glob;
+
+use super::Candidate;
+
+#[derive(Clone, Debug)]
+pub(super) struct Annotations(Vec<(String, Glob)>);
+
+impl Annotations {
+    pub fn compile(annotations: &BTreeMap<String, String>) -> Annotations {
+        Annotations(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.clone(), Glob::new(v)))
+                .collect(),
+        )
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn matches(&self, candidate: &Candidate) -> bool {
+        if self.0.is_empty() {
+            return true;
+        }
+        let annotations = candidate.metadata_map("annotations");
+        self.0.iter().all(|(key, glob)| {
+            annotations
+                .and_then(|a| a.get(key))
+                .and_then(Value::as_str)
+                .is_some_and(|v| glob.matches(v))
+        })
+    }
+}

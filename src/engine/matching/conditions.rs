@@ -1,0 +1,99 @@
+//! `conditions`: RFC 9535 JSONPath over the object's content, each with one test (`matches`,
+//! `equals` or `exists`). All must hold.
+
+use regex::Regex;
+use serde_json::Value;
+
+use crate::api::{self, exactly_one_of_message};
+use crate::engine::error::Errors;
+use crate::engine::limits::compile_regex;
+use crate::engine::path::{Query, QueryError};
+
+use super::MatchError;
+
+#[derive(Clone, Debug)]
+enum Test {
+    Matches(Regex),
+    Equals(Value),
+    Exists(bool),
+}
+
+#[derive(Clone, Debug)]
+struct Condition {
+    query: Query,
+    test: Test,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Conditions(Vec<Condition>);
+
+impl Conditions {
+    /// Compiles `spec.conditions`; each `matches` may compile to `regex_limit` bytes.
+    pub fn compile(
+        conditions: &[api::Condition],
+        regex_limit: usize,
+        errors: &mut Errors,
+    ) -> Conditions {
+        let mut compiled = Vec::new();
+        for (i, c) in conditions.iter().enumerate() {
+            let at = format!("spec.conditions[{i}]");
+            let query = Query::parse(&c.path)
+                .map_err(|e| errors.push(format!("{at}.path"), e))
+                .ok();
+            let set = [c.matches.is_some(), c.equals.is_some(), c.exists.is_some()]
+                .iter()
+                .filter(|x| **x)
+                .count();
+            let test = match (&c.matches, &c.equals, c.exists) {
+                _ if set != 1 => {
+                    errors.push(
+                        &at,
+                        format!(
+                            "{} (found {set})",
+                            exactly_one_of_message(&["matches", "equals", "exists"])
+                        ),
+                    );
+                    None
+                }
+                (Some(re), _, _) => compile_regex(re, regex_limit)
+                    .map(Test::Matches)
+                    .map_err(|e| errors.push(format!("{at}.matches"), e))
+                    .ok(),
+                (_, Some(v), _) => Some(Test::Equals(v.clone())),
+                (_, _, Some(b)) => Some(Test::Exists(b)),
+                _ => None,
+            };
+            if let (Some(query), Some(test)) = (query, test) {
+                compiled.push(Condition { query, test });
+            }
+        }
+        Conditions(compiled)
+    }
+
+    /// Whether every condition holds; an error names the condition whose query would do too
+    /// much work on this object.
+    pub fn hold(&self, object: &Value) -> Result<bool, MatchError> {
+        for (index, c) in self.0.iter().enumerate() {
+            if !c
+                .holds(object)
+                .map_err(|source| MatchError::Condition { index, source })?
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl Condition {
+    fn holds(&self, object: &Value) -> Result<bool, QueryError> {
+        let found = self.query.select(object)?;
+        Ok(match &self.test {
+            Test::Matches(re) => found
+                .iter()
+                .any(|v| v.as_str().is_some_and(|s| re.is_match(s))),
+            Test::Equals(want) => found.contains(&want),
+            Test::Exists(want) => found.is_empty() != *want,
+        })
+    }
+}

@@ -1,0 +1,182 @@
+//! Which objects a rule applies to: `match` and `exclude` (one file per field, each with the
+//! field's compile and matcher function) and `conditions` on the object's content.
+//!
+//! To add a match field: a field in `api::MatchResources`, a file here with its compiled form,
+//! `compile` and `matches` (and `is_empty`), and one line each in [`Matcher`],
+//! [`Matcher::compile`], [`Matcher::is_empty`] and [`Matcher::matches`]. Matching is on the
+//! admission path of every candidate rule: keep it free of allocation.
+
+mod annotations;
+mod conditions;
+mod kinds;
+mod labels;
+mod names;
+mod namespace_selector;
+mod namespaces;
+mod operations;
+mod selector;
+
+use serde_json::{Map, Value};
+
+use crate::api::{MatchResources, Operation};
+
+use super::error::{Errors, InternalError};
+use super::glob::Glob;
+use super::kind::KindPattern;
+use super::path::QueryError;
+use super::rule::Subject;
+
+use annotations::Annotations;
+pub(crate) use conditions::Conditions;
+use kinds::Kinds;
+use labels::Labels;
+use names::Names;
+use namespace_selector::NamespaceSelector;
+use namespaces::Namespaces;
+use operations::Operations;
+
+/// A compiled `match` or `exclude`: every field given must hold.
+#[derive(Clone, Debug)]
+pub(crate) struct Matcher {
+    kinds: Kinds,
+    operations: Operations,
+    names: Names,
+    namespaces: Namespaces,
+    namespace_selector: NamespaceSelector,
+    labels: Labels,
+    annotations: Annotations,
+}
+
+impl Matcher {
+    /// Compiles `match` (at `spec.match`) or, with `is_exclude`, `exclude`, whose omitted
+    /// fields select nothing instead of their defaults.
+    pub fn compile(m: &MatchResources, at: &str, is_exclude: bool, errors: &mut Errors) -> Matcher {
+        Matcher {
+            kinds: Kinds::compile(&m.kinds, at, is_exclude, errors),
+            operations: Operations::compile(m.operations.as_deref(), at, is_exclude, errors),
+            names: Names::compile(&m.names, at, errors),
+            namespaces: Namespaces::compile(&m.namespaces, at, errors),
+            namespace_selector: NamespaceSelector::compile(
+                m.namespace_selector.as_ref(),
+                at,
+                errors,
+            ),
+            labels: Labels::compile(m.labels.as_ref(), at, errors),
+            annotations: Annotations::compile(&m.annotations),
+        }
+    }
+
+    /// True when no field is given (an `exclude` like that would skip every object).
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+            && self.operations.is_empty()
+            && self.names.is_empty()
+            && self.namespaces.is_empty()
+            && self.namespace_selector.is_empty()
+            && self.labels.is_empty()
+            && self.annotations.is_empty()
+    }
+
+    pub fn kinds(&self) -> &[KindPattern] {
+        self.kinds.patterns()
+    }
+
+    /// The operations matched; empty when any operation is (an `exclude` without them).
+    pub fn operations(&self) -> &[Operation] {
+        self.operations.listed()
+    }
+
+    /// Namespace names the matcher is limited to when they are all literal (for the index).
+    pub fn literal_namespaces(&self) -> Option<Vec<String>> {
+        self.namespaces.literal()
+    }
+
+    /// Whether the object matches. An error when it cannot be told: the labels of the
+    /// object's Namespace are needed but not known (yet).
+    pub fn matches(&self, subject: &Subject, object: &Value) -> Result<bool, MatchError> {
+        // What the request says is checked before the object is looked into.
+        if !self.kinds.matches(subject) || !self.operations.matches(subject) {
+            return Ok(false);
+        }
+        let candidate = Candidate::new(subject, object);
+        Ok(self.names.matches(&candidate)
+            && self.namespaces.matches(&candidate)
+            && self.namespace_selector.matches(&candidate)?
+            && self.labels.matches(&candidate)
+            && self.annotations.matches(&candidate))
+    }
+}
+
+/// The object under admission as the match fields look at it.
+pub(crate) struct Candidate<'a> {
+    subject: &'a Subject<'a>,
+    metadata: Option<&'a Value>,
+}
+
+impl<'a> Candidate<'a> {
+    fn new(subject: &'a Subject<'a>, object: &'a Value) -> Candidate<'a> {
+        Candidate {
+            subject,
+            metadata: object.get("metadata"),
+        }
+    }
+
+    /// A string field of `metadata`, when set and not empty.
+    fn metadata_str(&self, field: &str) -> Option<&'a str> {
+        self.metadata
+            .and_then(|m| m.get(field))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    }
+
+    /// A map field of `metadata` (`labels`, `annotations`).
+    fn metadata_map(&self, field: &str) -> Option<&'a Map<String, Value>> {
+        self.metadata
+            .and_then(|m| m.get(field))
+            .and_then(Value::as_object)
+    }
+
+    /// The request's name, or the object's while the request has none.
+    fn name(&self) -> Option<&'a str> {
+        self.subject
+            .name
+            .filter(|n| !n.is_empty())
+            .or_else(|| self.metadata_str("name"))
+    }
+
+    /// The namespace a rule restricted by namespace looks at: the object's, or a Namespace
+    /// object's own name; `None` for other cluster-scoped objects, which such a rule never
+    /// matches.
+    fn namespace(&self) -> Option<&'a str> {
+        if self.subject.is_namespace_object() {
+            self.name()
+        } else {
+            self.subject.namespace.filter(|n| !n.is_empty())
+        }
+    }
+}
+
+/// Globs (names, namespaces) with an error for each empty one.
+fn compile_globs(list: &[String], at: &str, errors: &mut Errors) -> Vec<Glob> {
+    for (i, pattern) in list.iter().enumerate() {
+        if pattern.is_empty() {
+            errors.push(
+                format!("{at}[{i}]"),
+                "empty pattern matches nothing; use \"*\" for any",
+            );
+        }
+    }
+    list.iter().map(|p| Glob::new(p)).collect()
+}
+
+/// Why it cannot be told whether a rule applies to an object; the rule's failure policy
+/// decides.
+#[derive(Debug, thiserror::Error)]
+pub enum MatchError {
+    #[error("the labels of namespace {namespace} are not known yet (needed by namespaceSelector)")]
+    NamespaceLabelsUnknown { namespace: String },
+    #[error("spec.conditions[{index}].path: {source}")]
+    Condition { index: usize, source: QueryError },
+    #[error(transparent)]
+    Internal(#[from] InternalError),
+}

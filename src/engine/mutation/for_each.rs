@@ -1,0 +1,92 @@
+//! `forEach`: a JSONPath selecting elements (`$.spec.containers[*]`), and mutations applied to
+//! each, with paths relative to the element. It cannot nest.
+
+use crate::api::{self, element_mutation_kinds};
+use crate::engine::journal::Journal;
+use crate::engine::limits::{Meter, Stop};
+use crate::engine::path::Query;
+
+use super::{Compiler, Mutation, MutationError, Site, compile_kind};
+
+#[derive(Clone, Debug)]
+pub(crate) struct ForEach {
+    query: Query,
+    mutations: Vec<Mutation>,
+    /// No nested mutation renders a template, so each element is looked up once.
+    literal: bool,
+}
+
+pub(super) fn compile(
+    query: &str,
+    mutations: Option<&[api::ElementMutation]>,
+    at: &str,
+    cx: &mut Compiler,
+) -> Option<ForEach> {
+    let query = Query::parse(query)
+        .map_err(|e| cx.push(format!("{at}.forEach"), e))
+        .ok();
+    let specs = match mutations {
+        Some(list) if !list.is_empty() => list,
+        _ => {
+            cx.push(
+                format!("{at}.mutations"),
+                "forEach needs at least one mutation",
+            );
+            return None;
+        }
+    };
+    let mut nested = cx.for_each();
+    let allowed = element_mutation_kinds();
+    let mut mutations = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let at = format!("{at}.mutations[{i}]");
+        let Some(kind) = nested.exactly_one(spec.kinds(), &allowed, &at) else {
+            continue;
+        };
+        if let Some(m) = compile_kind(kind, &at, &mut nested) {
+            mutations.push(m);
+        }
+    }
+    let literal = !nested.renders();
+    Some(ForEach {
+        query: query?,
+        mutations,
+        literal,
+    })
+}
+
+impl ForEach {
+    #[cfg(test)]
+    pub(super) fn is_literal(&self) -> bool {
+        self.literal
+    }
+
+    pub(super) fn apply(
+        &self,
+        site: Site,
+        journal: &mut Journal,
+        meter: &mut Meter,
+    ) -> Result<(), Stop> {
+        let doc = site.into_object().ok_or(MutationError::NestedForEach)?;
+        let elements = self.query.locate(doc)?;
+        meter.plan_steps(elements.len(), self.mutations.len())?;
+        for element in &elements {
+            meter.tick()?;
+            let result = if self.literal {
+                // Nothing to render: look the element up once for all its mutations.
+                match element.get_mut(doc) {
+                    Some(target) => self.mutations.iter().try_for_each(|m| {
+                        m.apply_at(Site::target_of(&mut *target, element), journal, meter)
+                    }),
+                    None => Ok(()),
+                }
+            } else {
+                self.mutations
+                    .iter()
+                    .try_for_each(|m| m.apply(doc, element, journal, meter))
+            };
+            result.map_err(|e| e.context(|| format!("forEach element {}", element.as_str())))?;
+        }
+        Ok(())
+    }
+}

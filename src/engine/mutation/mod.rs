@@ -1,0 +1,441 @@
+//! Mutations: what a rule changes in the objects it matches. Each kind lives in its own file
+//! with its compiled form, its `compile` (the rule's spec in, every problem reported with its
+//! field path) and its `apply` (templates rendered, then the object changed, every change
+//! recorded in the rule's journal and counted by the meter).
+//!
+//! # Adding a kind of mutation
+//!
+//! 1. `src/api.rs`: add its field to `Mutation` (and to `ElementMutation` if it can change
+//!    `forEach` elements), with a doc comment for `kubectl explain`; add its name to
+//!    `MUTATION_KINDS` and a variant to `MutationKind`, and list it in `Mutation::kinds` (and
+//!    `ElementMutation::kinds`, which do not compile until every field is listed). The CRD's
+//!    "exactly one of" CEL rules and the messages of `initium check` follow from the list:
+//!    regenerate the CRDs (`cargo run -- crd --out-dir crds`) and review the diff.
+//! 2. `src/engine/mutation/<kind>.rs`: the compiled form, `compile` (through [`Compiler`],
+//!    which compiles templates, pointers and regular expressions and records the errors) and
+//!    `apply` (through [`Site`]: [`Site::render`] its templates against the object as it is
+//!    now, then change [`Site::target`]). Failures that only this kind meets go into
+//!    [`MutationError`].
+//! 3. Here: one variant of [`Mutation`], one arm in [`compile_kind`] and one arm in
+//!    [`Mutation::apply_at`] (and in [`count_regexes`] if it compiles regular expressions).
+
+mod for_each;
+mod merge;
+mod patch;
+mod rewrite;
+mod upsert;
+
+use regex::Regex;
+use serde_json::Value;
+
+use crate::api::{self, MutationKind, exactly_one_of_message};
+
+use super::error::Errors;
+use super::journal::Journal;
+use super::limits::{MAX_DEPTH, Meter, Stop, compile_regex, measure};
+use super::literal::Lit;
+use super::path::Pointer;
+use super::template::{Scope, Template};
+
+/// A compiled mutation: one variant per kind.
+#[derive(Clone, Debug)]
+pub(crate) enum Mutation {
+    Merge(merge::Merge),
+    Patch(patch::Patch),
+    Upsert(upsert::Upsert),
+    Rewrite(rewrite::Rewrite),
+    ForEach(for_each::ForEach),
+}
+
+/// Compiles the mutation at `at` (`spec.mutations[2]`); `regex_limit` is what each of the
+/// rule's regular expressions may compile to.
+pub(crate) fn compile(
+    m: &api::Mutation,
+    at: &str,
+    regex_limit: usize,
+    errors: &mut Errors,
+) -> Option<Mutation> {
+    let mut cx = Compiler {
+        errors,
+        in_for_each: false,
+        regex_limit,
+        renders: false,
+    };
+    let kind = cx.exactly_one(m.kinds(), &api::MUTATION_KINDS, at)?;
+    if m.mutations.is_some() && !matches!(kind, MutationKind::ForEach { .. }) {
+        cx.push(format!("{at}.mutations"), "mutations go with forEach");
+        return None;
+    }
+    compile_kind(kind, at, &mut cx)
+}
+
+/// Compiles one kind of mutation, at `at` (the mutation's field path).
+fn compile_kind(kind: MutationKind, at: &str, cx: &mut Compiler) -> Option<Mutation> {
+    match kind {
+        MutationKind::Merge(patch) => merge::compile(patch, at, cx).map(Mutation::Merge),
+        MutationKind::Patch(ops) => patch::compile(ops, at, cx).map(Mutation::Patch),
+        MutationKind::Upsert(spec) => upsert::compile(spec, at, cx).map(Mutation::Upsert),
+        MutationKind::Rewrite(spec) => rewrite::compile(spec, at, cx).map(Mutation::Rewrite),
+        MutationKind::ForEach { query, mutations } => {
+            for_each::compile(query, mutations, at, cx).map(Mutation::ForEach)
+        }
+    }
+}
+
+/// The regular expressions a mutation compiles (rewrites, also inside `forEach`), counted
+/// before compiling, since each gets a share of what the rule's may use.
+pub(crate) fn count_regexes(m: &api::Mutation) -> usize {
+    let is_rewrite = |kind: &MutationKind| matches!(kind, MutationKind::Rewrite(_));
+    let nested: usize = m
+        .mutations
+        .iter()
+        .flatten()
+        .map(|n| n.kinds().filter(is_rewrite).count())
+        .sum();
+    m.kinds().filter(is_rewrite).count() + nested
+}
+
+impl Mutation {
+    /// Applies the mutation at `base` (the object root, or a `forEach` element), recording
+    /// in `journal` what it changes. Templates read the object as it is now (`$`) and the
+    /// element at `base` (`@`). The error says what went wrong, without the rule name.
+    /// `meter` counts what the mutation writes and watches the latency budget.
+    pub(crate) fn apply(
+        &self,
+        doc: &mut Value,
+        base: &Pointer,
+        journal: &mut Journal,
+        meter: &mut Meter,
+    ) -> Result<(), Stop> {
+        meter.tick()?;
+        self.apply_at(Site::object(doc, base), journal, meter)
+    }
+
+    fn apply_at(&self, site: Site, journal: &mut Journal, meter: &mut Meter) -> Result<(), Stop> {
+        match self {
+            Mutation::Merge(m) => m.apply(site, journal, meter),
+            Mutation::Patch(p) => p.apply(site, journal, meter),
+            Mutation::Upsert(u) => u.apply(site, journal, meter),
+            Mutation::Rewrite(r) => r.apply(site, journal, meter),
+            Mutation::ForEach(f) => f.apply(site, journal, meter),
+        }
+    }
+}
+
+/// What compiling a mutation needs besides its spec: the rule's errors, and what the
+/// mutation may use where it is.
+pub(crate) struct Compiler<'e> {
+    errors: &'e mut Errors,
+    /// Inside `forEach`, templates may use `@` (the element).
+    in_for_each: bool,
+    regex_limit: usize,
+    /// Some template compiled so far renders something (is not literal).
+    renders: bool,
+}
+
+impl Compiler<'_> {
+    /// The compiler for the mutations of a `forEach` element: templates may use `@`, and
+    /// whether they render is tracked anew.
+    fn for_each(&mut self) -> Compiler<'_> {
+        Compiler {
+            errors: &mut *self.errors,
+            in_for_each: true,
+            regex_limit: self.regex_limit,
+            renders: false,
+        }
+    }
+
+    /// True when some template compiled so far renders something.
+    fn renders(&self) -> bool {
+        self.renders
+    }
+
+    pub fn push(&mut self, field: impl Into<String>, message: impl std::fmt::Display) {
+        self.errors.push(field, message);
+    }
+
+    /// Errors so far in the whole rule.
+    pub fn error_count(&self) -> usize {
+        self.errors.errors.len()
+    }
+
+    /// The one kind `kinds` sets (named in `allowed`), or an error at `at`.
+    fn exactly_one<'a>(
+        &mut self,
+        kinds: impl Iterator<Item = MutationKind<'a>>,
+        allowed: &[&str],
+        at: &str,
+    ) -> Option<MutationKind<'a>> {
+        let kinds: Vec<MutationKind> = kinds.collect();
+        match kinds[..] {
+            [kind] => Some(kind),
+            _ => {
+                self.push(
+                    at,
+                    format!(
+                        "{} (found {})",
+                        exactly_one_of_message(allowed),
+                        kinds.len()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// A value of the mutation with its templates compiled.
+    pub fn template(&mut self, value: &Value, field: &str) -> Option<Template> {
+        match Template::compile(value, self.in_for_each) {
+            Ok(t) => {
+                self.renders |= t.literal().is_none();
+                Some(t)
+            }
+            Err(misplaced) => {
+                let where_ = if misplaced.at.is_empty() {
+                    field.to_string()
+                } else {
+                    format!("{field} (at {})", misplaced.at)
+                };
+                self.push(where_, misplaced.error);
+                None
+            }
+        }
+    }
+
+    pub fn pointer(&mut self, text: &str, field: &str) -> Option<Pointer> {
+        Pointer::parse(text).map_err(|e| self.push(field, e)).ok()
+    }
+
+    pub fn regex(&mut self, pattern: &str, field: &str) -> Option<Regex> {
+        compile_regex(pattern, self.regex_limit)
+            .map_err(|e| self.push(field, e))
+            .ok()
+    }
+}
+
+/// Where a mutation applies: the value at `base`, the object's root or a `forEach` element.
+pub(crate) struct Site<'a> {
+    base: &'a Pointer,
+    place: Place<'a>,
+}
+
+enum Place<'a> {
+    /// The whole object: templates render against it, then the target is looked up.
+    Object(&'a mut Value),
+    /// The target, looked up already (once for every mutation of a `forEach` element): the
+    /// mutation renders no template.
+    Target(&'a mut Value),
+}
+
+/// A value of a mutation, ready to write.
+pub(crate) enum Rendered<'t> {
+    /// As written in the rule.
+    Literal(&'t Lit),
+    /// Rendered from templates.
+    Value(Value),
+}
+
+impl<'a> Site<'a> {
+    fn object(doc: &'a mut Value, base: &'a Pointer) -> Site<'a> {
+        Site {
+            base,
+            place: Place::Object(doc),
+        }
+    }
+
+    fn target_of(target: &'a mut Value, base: &'a Pointer) -> Site<'a> {
+        Site {
+            base,
+            place: Place::Target(target),
+        }
+    }
+
+    pub fn base(&self) -> &'a Pointer {
+        self.base
+    }
+
+    /// The whole object, for a mutation that finds its own places in it (`forEach`); `None`
+    /// where only the target is at hand (inside a `forEach`).
+    fn into_object(self) -> Option<&'a mut Value> {
+        match self.place {
+            Place::Object(doc) => Some(doc),
+            Place::Target(_) => None,
+        }
+    }
+
+    /// The template's value: as written, or rendered against the object as it is now.
+    pub fn render<'t>(
+        &self,
+        template: &'t Template,
+        meter: &mut Meter,
+    ) -> Result<Rendered<'t>, Stop> {
+        if let Some(literal) = template.literal() {
+            return Ok(Rendered::Literal(literal));
+        }
+        let Place::Object(doc) = &self.place else {
+            return Err(MutationError::NotRendered.into());
+        };
+        let doc: &Value = doc;
+        // `@` is looked up only for templates that use it.
+        let element = if template.uses_element() {
+            self.base.get(doc)
+        } else {
+            None
+        };
+        let scope = Scope {
+            object: doc,
+            element,
+        };
+        Ok(Rendered::Value(template.render(&scope, meter)?))
+    }
+
+    /// The value the mutation changes.
+    pub fn target(self) -> Result<&'a mut Value, Stop> {
+        match self.place {
+            Place::Target(target) => Ok(target),
+            Place::Object(doc) => self.base.get_mut(doc).ok_or_else(|| {
+                MutationError::TargetGone {
+                    at: self.base.as_str().to_string(),
+                }
+                .into()
+            }),
+        }
+    }
+}
+
+impl Rendered<'_> {
+    /// The value, when it was rendered (what its templates selected has been counted).
+    pub fn rendered(&self) -> Option<&Value> {
+        match self {
+            Rendered::Literal(_) => None,
+            Rendered::Value(v) => Some(v),
+        }
+    }
+
+    pub fn into_value(self) -> Value {
+        match self {
+            Rendered::Literal(lit) => lit.to_value(),
+            Rendered::Value(v) => v,
+        }
+    }
+}
+
+/// Counts a template's value about to be written `at_depth` levels below the root: its
+/// fixed size, and for a rendered value the depth it reached (what its templates selected
+/// was counted while rendering).
+fn count_write(
+    meter: &mut Meter,
+    template: &Template,
+    rendered: Option<&Value>,
+    at_depth: usize,
+) -> Result<(), Stop> {
+    let mut size = template.size();
+    if let Some(value) = rendered {
+        size.depth = measure(value, usize::MAX, MAX_DEPTH.saturating_sub(at_depth)).depth;
+    }
+    meter.write_sized(size, at_depth)
+}
+
+/// A mutation that cannot be applied to this object.
+#[derive(Debug, thiserror::Error)]
+pub enum MutationError {
+    #[error("{at} no longer exists")]
+    TargetGone { at: String },
+    #[error("upsert {path}: the value has no key field {key:?}")]
+    UpsertNoKey { path: String, key: String },
+    #[error("upsert {path}: the field is {found}, not a list")]
+    UpsertNotList { path: String, found: &'static str },
+    #[error("rewrite {path}: the field is {found}, not a string")]
+    RewriteNotString { path: String, found: &'static str },
+    /// An RFC 6902 operation failed (its place in the patch is the context).
+    #[error("{0}")]
+    Patch(#[from] json_patch::PatchErrorKind),
+    #[error("forEach cannot be nested")]
+    NestedForEach,
+    /// A mutation whose templates render was applied where nothing can be rendered: a bug.
+    #[error("a template of the mutation was not rendered")]
+    NotRendered,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::engine::limits::Limits;
+
+    fn compiled(spec: Value) -> Mutation {
+        let spec: api::Mutation = serde_json::from_value(spec).unwrap();
+        let mut errors = Errors::default();
+        let m = compile(&spec, "spec.mutations[0]", 1 << 20, &mut errors);
+        assert!(errors.errors.is_empty(), "{:?}", errors.errors);
+        m.unwrap()
+    }
+
+    fn apply(m: &Mutation, doc: &mut Value) -> Result<(), Stop> {
+        let limits = Limits::default();
+        let mut meter = Meter::new(&limits, None);
+        m.apply(doc, &Pointer::root(), &mut Journal::default(), &mut meter)
+    }
+
+    #[test]
+    fn a_failed_patch_operation_keeps_the_library_error_as_its_source() {
+        let m = compiled(json!({"patch": [{"op": "test", "path": "/a", "value": 2}]}));
+        let Err(Stop::Error(error)) = apply(&m, &mut json!({"a": 1})) else {
+            panic!("the test operation fails")
+        };
+        assert_eq!(error.to_string(), "patch[0] test /a: value did not match");
+        let mut chain = error.source();
+        let mut found = false;
+        while let Some(cause) = chain {
+            found |= cause.downcast_ref::<json_patch::PatchErrorKind>().is_some();
+            chain = cause.source();
+        }
+        assert!(found, "json_patch's error is in the chain: {error:?}");
+    }
+
+    #[test]
+    fn a_for_each_takes_the_look_up_once_path_only_when_no_nested_mutation_renders() {
+        let literal = compiled(json!({"forEach": "$.items[*]", "mutations": [
+            {"merge": {"seen": true}}, {"upsert": {"path": "/l", "key": "k", "value": {"k": 1}}}
+        ]}));
+        let rendering = compiled(json!({"forEach": "$.items[*]", "mutations": [
+            {"merge": {"seen": true}}, {"merge": {"name": "{{ @.id }}"}}
+        ]}));
+        let Mutation::ForEach(f) = &literal else {
+            panic!("a forEach")
+        };
+        assert!(f.is_literal());
+        let Mutation::ForEach(f) = &rendering else {
+            panic!("a forEach")
+        };
+        assert!(!f.is_literal());
+        let mut doc = json!({"items": [{"id": "a"}, {"id": "b"}]});
+        apply(&literal, &mut doc).unwrap_or_else(|e| panic!("{e}"));
+        apply(&rendering, &mut doc).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            doc,
+            json!({"items": [
+                {"id": "a", "seen": true, "l": [{"k": 1}], "name": "a"},
+                {"id": "b", "seen": true, "l": [{"k": 1}], "name": "b"}
+            ]})
+        );
+    }
+
+    #[test]
+    fn the_kinds_set_are_counted_with_the_listed_names() {
+        let spec: api::Mutation = serde_json::from_value(
+            json!({"merge": {"a": 1}, "rewrite": {"path": "/a", "regex": "a", "replacement": "b"}}),
+        )
+        .unwrap();
+        let mut errors = Errors::default();
+        assert!(compile(&spec, "spec.mutations[3]", 1 << 20, &mut errors).is_none());
+        assert_eq!(
+            errors.errors[0].to_string(),
+            "spec.mutations[3]: set exactly one of merge, patch, upsert, forEach, rewrite (found 2)"
+        );
+        assert_eq!(count_regexes(&spec), 1);
+    }
+}

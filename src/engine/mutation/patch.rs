@@ -1,0 +1,227 @@
+//! `patch`: RFC 6902 operations, for power users. Unlike plain RFC 6902, `add`, `copy` and
+//! `move` create missing parent objects.
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{
+    AddOperation, CopyOperation, MoveOperation, PatchOperation, RemoveOperation, ReplaceOperation,
+    TestOperation,
+};
+use serde_json::Value;
+
+use crate::api::{self, PatchOp};
+use crate::engine::journal::Journal;
+use crate::engine::limits::{MAX_DEPTH, Meter, Size, Stop, measure};
+use crate::engine::path::Pointer;
+use crate::engine::template::Template;
+
+use super::{Compiler, MutationError, Rendered, Site, count_write};
+
+#[derive(Clone, Debug)]
+pub(crate) struct Patch {
+    steps: Vec<PatchStep>,
+}
+
+#[derive(Clone, Debug)]
+struct PatchStep {
+    op: PatchOp,
+    path: Pointer,
+    path_buf: PointerBuf,
+    from: Option<PointerBuf>,
+    from_pointer: Option<Pointer>,
+    value: Option<Template>,
+}
+
+pub(super) fn compile(ops: &[api::PatchOperation], at: &str, cx: &mut Compiler) -> Option<Patch> {
+    if ops.is_empty() {
+        cx.push(format!("{at}.patch"), "needs at least one operation");
+        return None;
+    }
+    let before = cx.error_count();
+    let mut steps = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        let at = format!("{at}.patch[{i}]");
+        let path = cx.pointer(&op.path, &format!("{at}.path"));
+        let from = match (&op.op, &op.from) {
+            (PatchOp::Move | PatchOp::Copy, Some(f)) => cx.pointer(f, &format!("{at}.from")),
+            (PatchOp::Move | PatchOp::Copy, None) => {
+                cx.push(
+                    format!("{at}.from"),
+                    format!("{:?} needs from", op.op).to_lowercase(),
+                );
+                None
+            }
+            (_, Some(_)) => {
+                cx.push(format!("{at}.from"), "only move and copy take from");
+                None
+            }
+            (_, None) => None,
+        };
+        let value = match (&op.op, &op.value) {
+            (PatchOp::Add | PatchOp::Replace | PatchOp::Test, Some(v)) => {
+                cx.template(v, &format!("{at}.value"))
+            }
+            (PatchOp::Add | PatchOp::Replace | PatchOp::Test, None) => {
+                cx.push(
+                    format!("{at}.value"),
+                    format!("{:?} needs a value", op.op).to_lowercase(),
+                );
+                None
+            }
+            (_, Some(_)) => {
+                cx.push(
+                    format!("{at}.value"),
+                    "only add, replace and test take a value",
+                );
+                None
+            }
+            (_, None) => None,
+        };
+        if let Some(path) = path {
+            let Ok(path_buf) = PointerBuf::parse(path.as_str()) else {
+                cx.push(
+                    format!("{at}.path"),
+                    format!("invalid JSON pointer {:?}", op.path),
+                );
+                continue;
+            };
+            let from_pointer = from;
+            let from = from_pointer
+                .as_ref()
+                .and_then(|f| PointerBuf::parse(f.as_str()).ok());
+            steps.push(PatchStep {
+                op: op.op,
+                path,
+                path_buf,
+                from,
+                from_pointer,
+                value,
+            });
+        }
+    }
+    (cx.error_count() == before).then_some(Patch { steps })
+}
+
+impl Patch {
+    pub(super) fn apply(
+        &self,
+        site: Site,
+        journal: &mut Journal,
+        meter: &mut Meter,
+    ) -> Result<(), Stop> {
+        // Every value is rendered against the object as it was before the first operation.
+        let mut values = Vec::with_capacity(self.steps.len());
+        for step in &self.steps {
+            values.push(match &step.value {
+                Some(t) => Some(site.render(t, meter)?),
+                None => None,
+            });
+        }
+        let base = site.base();
+        let target = site.target()?;
+        for (i, (step, value)) in self.steps.iter().zip(values).enumerate() {
+            let in_context = |e: Stop| e.context(|| format!("patch[{i}] {}", step.describe()));
+            step.count(target, base, value.as_ref(), meter)
+                .map_err(in_context)?;
+            let value = value.map_or(Value::Null, Rendered::into_value);
+            step.apply_to(target, base, value, journal)
+                .map_err(in_context)?;
+        }
+        Ok(())
+    }
+}
+
+impl PatchStep {
+    fn describe(&self) -> String {
+        let op = format!("{:?}", self.op).to_lowercase();
+        format!("{op} {}", self.path.as_str())
+    }
+
+    /// Counts what the operation writes: its value, or what a copy writes again.
+    fn count(
+        &self,
+        target: &Value,
+        base: &Pointer,
+        value: Option<&Rendered>,
+        meter: &mut Meter,
+    ) -> Result<(), Stop> {
+        let at_depth = base.depth() + self.path.depth();
+        match (&self.value, self.op) {
+            (_, PatchOp::Test) => Ok(()),
+            (Some(t), _) => count_write(meter, t, value.and_then(Rendered::rendered), at_depth),
+            (None, PatchOp::Copy | PatchOp::Move) => {
+                // A copy writes the value again; a move only changes how deep it sits.
+                let Some(from) = self.from_pointer.as_ref().and_then(|f| f.get(target)) else {
+                    return Ok(());
+                };
+                let size = measure(from, meter.remaining(), MAX_DEPTH.saturating_sub(at_depth));
+                let bytes = if self.op == PatchOp::Copy {
+                    size.bytes
+                } else {
+                    0
+                };
+                meter.write_sized(
+                    Size {
+                        bytes,
+                        depth: size.depth,
+                    },
+                    at_depth,
+                )
+            }
+            (None, _) => Ok(()),
+        }
+    }
+
+    /// The part an operation at `path` changes: the list when it inserts into or removes
+    /// from a list (indices after it shift), the path itself otherwise.
+    fn touched(target: &Value, path: &Pointer) -> Pointer {
+        if let Some(parent) = path.parent()
+            && parent.get(target).is_some_and(Value::is_array)
+        {
+            return parent;
+        }
+        path.clone()
+    }
+
+    fn apply_to(
+        &self,
+        target: &mut Value,
+        base: &Pointer,
+        value: Value,
+        journal: &mut Journal,
+    ) -> Result<(), Stop> {
+        match self.op {
+            PatchOp::Test => {}
+            PatchOp::Replace => journal.touch_in(target, base, &self.path),
+            PatchOp::Add | PatchOp::Remove | PatchOp::Copy => {
+                journal.touch_in(target, base, &Self::touched(target, &self.path))
+            }
+            PatchOp::Move => {
+                journal.touch_in(target, base, &Self::touched(target, &self.path));
+                if let Some(from) = &self.from_pointer {
+                    journal.touch_in(target, base, &Self::touched(target, from));
+                }
+            }
+        }
+        // The operations that write at `path` (add, copy, move) create missing parent
+        // objects, so a rule does not depend on whether the object already has, say,
+        // annotations.
+        if matches!(self.op, PatchOp::Add | PatchOp::Copy | PatchOp::Move)
+            && let Some(parent) = self.path.parent()
+        {
+            parent.get_or_create(target, || Value::Object(Default::default()))?;
+        }
+        let path = self.path_buf.clone();
+        let from = || self.from.clone().unwrap_or_default();
+        let op = match self.op {
+            PatchOp::Add => PatchOperation::Add(AddOperation { path, value }),
+            PatchOp::Remove => PatchOperation::Remove(RemoveOperation { path }),
+            PatchOp::Replace => PatchOperation::Replace(ReplaceOperation { path, value }),
+            PatchOp::Move => PatchOperation::Move(MoveOperation { from: from(), path }),
+            PatchOp::Copy => PatchOperation::Copy(CopyOperation { from: from(), path }),
+            PatchOp::Test => PatchOperation::Test(TestOperation { path, value }),
+        };
+        // The rule's journal makes it atomic, so the patch need not copy the object first.
+        json_patch::patch_unsafe(target, &[op])
+            .map_err(|e| Stop::from(MutationError::Patch(e.kind)))
+    }
+}
