@@ -22,6 +22,7 @@
 //!
 //!     scripts/bench e2e --pods 500 --concurrency 4
 //!     cargo bench --bench e2e -- --pods 500 --concurrency 4
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 #[path = "../tests/support/mod.rs"]
 mod support;

@@ -1,6 +1,7 @@
 //! Engine benchmark: one admission of a ~4 KB Pod against 10 / 100 / 1,000 / 10,000 rules
 //! of which 10 match: evaluate every rule and write the JSON patch. Run with
 //! `cargo bench --bench engine`. It uses the allocator the `initium` binary uses.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]

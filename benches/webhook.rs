@@ -16,6 +16,7 @@
 //!
 //!     scripts/bench webhook --rules 1000 --seconds 10 --concurrency 32
 //!     cargo bench --bench webhook -- --rules 1000 --seconds 10 --concurrency 32
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]

@@ -667,6 +667,7 @@ fn any_json_object(_: &mut SchemaGenerator) -> Schema {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use serde_json::json;

@@ -2,6 +2,7 @@
 //! the API server sends them, in tests/data/admission/) go through the routers, and the tests
 //! check what a user would notice: the patched object, warnings, denials and their messages,
 //! status codes, metrics. One test runs the real HTTPS server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 use std::collections::BTreeMap;
 use std::path::Path;

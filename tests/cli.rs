@@ -1,4 +1,5 @@
 //! The offline commands as a user runs them: the `initium` binary on files.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -6,6 +6,7 @@
 //! These tests fail (they do not skip) when the control plane cannot be
 //! built or started. The first run builds the binaries (minutes); later runs
 //! reuse them from the cache (see docs/control-plane.md).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 mod support;
 

@@ -7,6 +7,7 @@
 //! Rules and webhook configurations are cluster-wide and every controller watches every rule,
 //! so the tests run one at a time (`serial`) and delete what they created. Each test uses its
 //! own namespace for initium and unique names for the configurations and the Lease.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 mod support;
 

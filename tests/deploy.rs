@@ -1,5 +1,6 @@
 //! `deploy/` is a working installation: the real API server accepts every object of
 //! `kubectl apply -k deploy/` in a server-side dry run.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 mod support;
 

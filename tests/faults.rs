@@ -19,6 +19,7 @@
 //! (`scripts/control-plane restart`); `INITIUM_TEST_KUBECONFIG` is not used. Rules and webhook
 //! configurations are cluster-wide, so the tests run one at a time (`serial`), each with its
 //! own namespaces, webhook configuration and Lease, and delete every rule before and after.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 mod support;
 

@@ -5,6 +5,7 @@
 //! `cargo test` runs a short fixed-seed run of each target; `scripts/fuzz` runs long campaigns
 //! through the ignored `campaign` test. Cases run in worker processes (the ignored `worker`
 //! test), so a crash names its input instead of taking the test binary down.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 #[path = "fuzz/generate.rs"]
 mod generate;

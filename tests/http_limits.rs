@@ -2,6 +2,7 @@
 //! bytes of bodies in flight, connections, HTTP/2 streams; and the transport (TLS 1.2+ only).
 //! The in-process tests drive the router; the others run the real HTTPS server on loopback,
 //! each bounded in time and in the number of connections.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -4,6 +4,7 @@
 //!
 //! Each shape here once crashed (stack overflow), exhausted memory or stalled the engine for
 //! seconds (see docs/reliability.md).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 use std::time::{Duration, Instant};
 

@@ -4,6 +4,7 @@
 //!
 //! Webhook configurations and rules are cluster-wide, so the tests of this binary run one
 //! at a time and each cleans up before it starts.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 mod support;
 

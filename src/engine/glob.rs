@@ -58,6 +58,7 @@ impl Glob {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::Glob;
 

@@ -166,6 +166,7 @@ impl fmt::Display for KindPattern {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
 

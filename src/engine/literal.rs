@@ -146,6 +146,7 @@ pub(crate) fn merge<P: MergePatch>(target: &mut Value, patch: &P) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use serde_json::json;

@@ -820,6 +820,7 @@ fn normalized_to_pointer(path: &str) -> Option<Pointer> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use serde_json::json;

@@ -112,6 +112,7 @@ fn check_key(key: &str, field: &str, errors: &mut Errors) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use serde_json::json;

@@ -358,6 +358,7 @@ pub enum MutationError {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use std::error::Error as _;
 
