@@ -26,6 +26,7 @@ pub mod plane;
 pub mod process;
 pub mod serial;
 pub mod wait;
+pub mod workloads;
 
 pub use self::cluster::{install_crds, namespace, unique};
 pub use self::plane::{Plane, client, control_plane_script, kubeconfig_path, kubectl, root};

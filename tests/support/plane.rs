@@ -92,15 +92,24 @@ impl Plane {
 
     /// `scripts/control-plane up --dir DIR`, owned by this process: taken down when dropped.
     fn start(dir: PathBuf) -> Result<Plane> {
+        Plane::start_cluster(dir, None)
+    }
+
+    /// `scripts/control-plane up --dir DIR [--nodes N]`, owned by this process (taken down
+    /// when dropped, and by itself when this process dies): with `nodes`, a whole cluster
+    /// (controller manager, scheduler, N nodes simulated by kwok) on the same API server.
+    pub fn start_cluster(dir: PathBuf, nodes: Option<u32>) -> Result<Plane> {
         let script = control_plane_script();
         let bin_dir = bin_dir()?;
-        if !["etcd", "kube-apiserver", "kubectl"]
-            .iter()
-            .all(|b| bin_dir.join(b).exists())
-        {
+        let mut binaries = vec!["etcd", "kube-apiserver", "kubectl"];
+        if nodes.is_some() {
+            binaries.extend(["kube-controller-manager", "kube-scheduler", "kwok"]);
+        }
+        if !binaries.iter().all(|b| bin_dir.join(b).exists()) {
             // The first build takes minutes: its progress goes to stderr.
             let status = Command::new(&script)
                 .arg("build")
+                .args(nodes.map(|_| "--nodes"))
                 .stdout(Stdio::null())
                 .status()
                 .context("cannot run scripts/control-plane build")?;
@@ -108,12 +117,16 @@ impl Plane {
                 bail!("scripts/control-plane build failed ({status})");
             }
         }
-        run(Command::new(&script)
-            .arg("up")
+        let mut up = Command::new(&script);
+        up.arg("up")
             .arg("--dir")
             .arg(&dir)
             .arg("--owner-pid")
-            .arg(std::process::id().to_string()))?;
+            .arg(std::process::id().to_string());
+        if let Some(nodes) = nodes {
+            up.arg("--nodes").arg(nodes.to_string());
+        }
+        run(&mut up)?;
         Ok(Plane {
             kubeconfig: dir.join("kubeconfig"),
             kubectl: bin_dir.join("kubectl"),
