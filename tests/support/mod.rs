@@ -11,6 +11,8 @@
 //! - [`cluster`]: unique names and namespaces, `crds/` installed and Established, rules;
 //! - [`wait`]: `eventually` and its blocking forms;
 //! - [`process`]: `initium serve` as a process, ports, `/metrics`, `/mutate`;
+//! - [`workloads`]: a whole cluster (`up --nodes 3`: controller manager, scheduler, kwok
+//!   nodes) for a test binary, and waits for Deployments, Jobs, Pods and endpoints;
 //! - [`serial`]: the one guard that runs a binary's tests one at a time;
 //! - [`fixtures`]: the Pod and rules the benchmarks measure;
 //! - [`measure`]: memory, latency percentiles, the machine.
