@@ -56,6 +56,17 @@ impl Plane {
         Plane::start(dir)
     }
 
+    /// [`Plane::up`] with `nodes` simulated nodes: a whole cluster (controller manager,
+    /// scheduler, kwok) of this process's own, for benchmarks of what controllers do.
+    pub fn up_cluster(name: &str, nodes: u32) -> Result<Plane> {
+        let dir = std::env::temp_dir().join(format!("initium-bench-{name}-{}", std::process::id()));
+        eprintln!(
+            "bench: starting a whole cluster ({nodes} simulated nodes) in {}",
+            dir.display()
+        );
+        Plane::start_cluster(dir, Some(nodes))
+    }
+
     /// The plane every test of this test binary shares: the cluster of
     /// `INITIUM_TEST_KUBECONFIG` if set, otherwise one started on first use that stops by
     /// itself when the test binary exits (a static is never dropped, so [`Drop`] does not
