@@ -22,10 +22,19 @@
 //!
 //!     scripts/bench e2e --pods 500 --concurrency 4
 //!     cargo bench --bench e2e -- --pods 500 --concurrency 4
+//!
+//! With `--rollout`, the same configurations on a whole cluster (controller manager,
+//! scheduler, simulated nodes) time Deployments rolling out instead: see [`rollout`].
+//!
+//!     scripts/bench e2e --rollout --replicas 100 --rounds 3
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+// Not benches/rollout.rs, which cargo would take for a benchmark of its own.
+#[path = "e2e/rollout.rs"]
+mod rollout;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -42,8 +51,10 @@ use support::measure::{Percentiles, machine, memory, mib, round};
 use support::plane::{Plane, root};
 use support::process::{GRACE, Initium, InitiumOptions, free_port, terminate};
 use support::wait::poll;
+use support::workloads::NODES;
 
-/// Pod CREATE latency through the API server: no mutation, MutatingAdmissionPolicy, initium.
+/// Pod CREATE latency through the API server (or, with --rollout, Deployment rollouts on a
+/// whole cluster): no mutation, MutatingAdmissionPolicy, initium.
 #[derive(Parser, Debug)]
 struct Args {
     /// Measured Pods per configuration.
@@ -64,6 +75,18 @@ struct Args {
     /// Add the `kyverno` configuration (builds Kyverno from Go modules on first use).
     #[arg(long)]
     kyverno: bool,
+    /// Time Deployments rolling out on a whole cluster (3 simulated nodes) instead of Pod
+    /// CREATEs.
+    #[arg(long)]
+    rollout: bool,
+    /// With --rollout: replicas of each measured Deployment.
+    #[arg(long, default_value_t = 100, requires = "rollout",
+          value_parser = clap::value_parser!(u32).range(1..=2_000))]
+    replicas: u32,
+    /// With --rollout: rollouts per configuration, configurations alternating.
+    #[arg(long, default_value_t = 3, requires = "rollout",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    rounds: u32,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -200,21 +223,26 @@ fn other_rules(namespace: &str, count: u32) -> Vec<Value> {
         .collect()
 }
 
+/// The benchmark Pod's spec: two containers, as a Pod with a sidecar.
+fn pod_spec() -> Value {
+    json!({
+        "containers": [
+            {"name": "app", "image": "registry.example.com/shop/web:1.4.2",
+             "ports": [{"containerPort": 8080}],
+             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
+            {"name": "proxy", "image": "registry.example.com/proxy:2.1",
+             "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}}}
+        ]
+    })
+}
+
 fn pod(name: &str) -> Result<Pod> {
-    // Two containers, as a Pod with a sidecar; labels as a Deployment would leave them.
+    // Labels as a Deployment would leave them.
     let value = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {"app": "web", "pod-template-hash": "5d8f7c9b6"}},
-        "spec": {
-            "containers": [
-                {"name": "app", "image": "registry.example.com/shop/web:1.4.2",
-                 "ports": [{"containerPort": 8080}],
-                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
-                {"name": "proxy", "image": "registry.example.com/proxy:2.1",
-                 "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}}}
-            ]
-        }
+        "spec": pod_spec(),
     });
     serde_json::from_value(value).context("the benchmark's Pod")
 }
@@ -265,7 +293,11 @@ fn run(args: &Args) -> Result<()> {
         }
     }
 
-    let plane = Plane::up("e2e")?;
+    let plane = if args.rollout {
+        Plane::up_cluster("e2e-rollout", NODES)?
+    } else {
+        Plane::up("e2e")?
+    };
     plane.install_crds()?;
     let client = runtime.block_on(plane.client())?;
     for config in &configs {
@@ -331,6 +363,11 @@ fn run(args: &Args) -> Result<()> {
         },
     )?;
 
+    if args.rollout {
+        // With nodes, the ServiceAccount admission plugin rejects Pods until the namespace's
+        // `default` ServiceAccount exists.
+        rollout::service_accounts(&runtime, &client, &configs)?;
+    }
     // Each configuration in effect: a dry-run Pod comes back mutated exactly where it should.
     for config in &configs {
         poll(
@@ -354,7 +391,11 @@ fn run(args: &Args) -> Result<()> {
     }
     eprintln!("bench: every configuration is in effect");
 
-    let measured = runtime.block_on(measure(args, &client, &configs))?;
+    let measured = if args.rollout {
+        Measured::Rollouts(runtime.block_on(rollout::measure(args, &client, &configs))?)
+    } else {
+        Measured::Creates(runtime.block_on(measure(args, &client, &configs))?)
+    };
     let memory = Memory {
         initium_peak_kib: initium.memory()?.peak_kib,
         kyverno_peak_kib: match &kyverno {
@@ -365,7 +406,16 @@ fn run(args: &Args) -> Result<()> {
     drop(kyverno);
     drop(initium);
     drop(plane);
-    report(args, &configs, measured, memory)
+    match measured {
+        Measured::Creates(latencies) => report(args, &configs, latencies, memory),
+        Measured::Rollouts(seconds) => rollout::report(args, &configs, &seconds, &memory),
+    }
+}
+
+/// What a run measured: Pod CREATE latencies, or Deployment rollout times (`--rollout`).
+enum Measured {
+    Creates(Latencies),
+    Rollouts(rollout::Rollouts),
 }
 
 /// Peak resident memory of the webhook servers over the run (VmHWM).
@@ -456,10 +506,10 @@ impl Drop for Kyverno {
 }
 
 /// Latencies in microseconds, by configuration name.
-type Measured = BTreeMap<&'static str, Vec<u32>>;
+type Latencies = BTreeMap<&'static str, Vec<u32>>;
 
-async fn measure(args: &Args, client: &kube::Client, configs: &[Config]) -> Result<Measured> {
-    let mut measured: Measured = configs.iter().map(|c| (c.name, Vec::new())).collect();
+async fn measure(args: &Args, client: &kube::Client, configs: &[Config]) -> Result<Latencies> {
+    let mut measured: Latencies = configs.iter().map(|c| (c.name, Vec::new())).collect();
     let warmup_rounds = args.warmup.div_ceil(args.batch);
     let rounds = args.pods.div_ceil(args.batch);
     let mut serial = 0u64;
@@ -520,7 +570,7 @@ async fn measure(args: &Args, client: &kube::Client, configs: &[Config]) -> Resu
     Ok(measured)
 }
 
-fn report(args: &Args, configs: &[Config], measured: Measured, memory: Memory) -> Result<()> {
+fn report(args: &Args, configs: &[Config], measured: Latencies, memory: Memory) -> Result<()> {
     let stats: BTreeMap<&str, Percentiles> = measured
         .into_iter()
         .map(|(name, samples)| (name, Percentiles::new(samples)))
