@@ -424,6 +424,21 @@ struct Memory {
     kyverno_peak_kib: Option<u64>,
 }
 
+impl Memory {
+    /// Prints the summary's peak-memory line; returns the peaks in MiB for the JSON line.
+    fn print_peaks(&self) -> (f64, Option<f64>) {
+        let initium_mib = mib(self.initium_peak_kib);
+        let kyverno_mib = self.kyverno_peak_kib.map(mib);
+        match kyverno_mib {
+            Some(k) => {
+                println!("  peak memory (VmHWM): initium {initium_mib:.1} MiB, kyverno {k:.1} MiB")
+            }
+            None => println!("  peak memory (VmHWM): initium {initium_mib:.1} MiB"),
+        }
+        (initium_mib, kyverno_mib)
+    }
+}
+
 /// Kyverno's admission controller, run out of cluster by `scripts/bench.d/kyverno run`, with
 /// the policy of scripts/bench.d/kyverno-policy.yaml; its webhooks see only namespaces
 /// labelled `initium-bench=kyverno`. Stopped when dropped, its webhook configurations deleted.
@@ -616,14 +631,7 @@ fn report(args: &Args, configs: &[Config], measured: Latencies, memory: Memory) 
     println!(
         "  overhead ratio (initium - none) / (map - none): p50 {ratio_p50:.2}, mean {ratio_mean:.2} (goal <= 1.5)"
     );
-    let initium_mib = mib(memory.initium_peak_kib);
-    let kyverno_mib = memory.kyverno_peak_kib.map(mib);
-    match kyverno_mib {
-        Some(k) => {
-            println!("  peak memory (VmHWM): initium {initium_mib:.1} MiB, kyverno {k:.1} MiB")
-        }
-        None => println!("  peak memory (VmHWM): initium {initium_mib:.1} MiB"),
-    }
+    let (initium_mib, kyverno_mib) = memory.print_peaks();
     let line = json!({
         "bench": "e2e",
         "pods": args.pods,

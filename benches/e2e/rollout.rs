@@ -22,7 +22,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::await_condition;
 use serde_json::json;
 
-use super::support::measure::{machine, mib, round};
+use super::support::measure::{machine, round};
 use super::support::wait::poll;
 use super::support::workloads::NODES;
 use super::{Args, Config, INITIUM, MAP, Memory, NONE, is_mutated, pod_spec};
@@ -313,14 +313,7 @@ pub fn report(args: &Args, configs: &[Config], measured: &Rollouts, memory: &Mem
             "  map adds {map_added_ms:.0} ms (median), within that spread: the ratio is noise, the goal undecided"
         );
     }
-    let initium_mib = mib(memory.initium_peak_kib);
-    let kyverno_mib = memory.kyverno_peak_kib.map(mib);
-    match kyverno_mib {
-        Some(k) => {
-            println!("  peak memory (VmHWM): initium {initium_mib:.1} MiB, kyverno {k:.1} MiB")
-        }
-        None => println!("  peak memory (VmHWM): initium {initium_mib:.1} MiB"),
-    }
+    let (initium_mib, kyverno_mib) = memory.print_peaks();
     let line = json!({
         "bench": "e2e-rollout",
         "replicas": args.replicas,
