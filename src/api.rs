@@ -22,6 +22,12 @@ pub const API_VERSION: &str = "initium.dev/v1alpha1";
 /// Annotation listing the rules that changed an object, in application order.
 pub const MUTATED_BY_ANNOTATION: &str = "initium.dev/mutated-by";
 pub const DEFAULT_PRIORITY: i32 = 100;
+/// Label initium puts on every Pod it holds with a scheduling gate, so the gate controller
+/// watches only those Pods. Removed with initium's last gate.
+pub const GATED_LABEL: &str = "initium.dev/gated";
+/// Prefix of every scheduling gate initium adds (`initium.dev/<rule>`); only initium removes
+/// gates with it.
+pub const GATE_PREFIX: &str = "initium.dev/";
 
 /// A rule that initializes new objects: which objects it matches, and the mutations applied
 /// to them while the API server holds the request.
@@ -41,7 +47,10 @@ pub const DEFAULT_PRIORITY: i32 = 100;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("has(self.match.kinds) && size(self.match.kinds) > 0").message("match.kinds must list at least one kind"))]
+#[x_kube(
+    validation = kube::core::Rule::new("has(self.match.kinds) && size(self.match.kinds) > 0").message("match.kinds must list at least one kind"),
+    validation = kube::core::Rule::new("(has(self.mutations) && size(self.mutations) > 0) || has(self.gate)").message("a rule needs at least one mutation, or a gate")
+)]
 pub struct RuleSpec {
     /// Order of application: lower runs first (default 100). Ties are broken by scope
     /// (ClusterMutationRule before MutationRule), then namespace, then name.
@@ -67,12 +76,15 @@ pub struct RuleSpec {
     pub conditions: Vec<Condition>,
 
     /// The mutations, applied in order; each sees the result of the previous one. A rule is
-    /// atomic: if one mutation fails, none of the rule's changes are kept.
-    #[schemars(length(min = 1, max = 64))]
+    /// atomic: if one mutation fails, none of the rule's changes are kept. May be empty only
+    /// when the rule has a `gate`.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
     pub mutations: Vec<Mutation>,
 
-    /// Pods only: hold the Pod with a scheduling gate `initium.dev/<rule>` until the
-    /// dependencies in `waitFor` are ready.
+    /// Pods only: at CREATE, hold the Pod with a scheduling gate `initium.dev/<rule>` (added
+    /// after the rule's mutations) until every dependency in `waitFor` is ready; initium's
+    /// gate controller then removes that gate, and only it. See docs/gates.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<Gate>,
 }
@@ -436,25 +448,31 @@ pub enum OnTimeout {
 }
 
 /// The kinds of gate dependency; a [`Dependency`] sets exactly one.
-pub const DEPENDENCY_KINDS: [&str; 4] = ["service", "job", "pods", "object"];
+pub const DEPENDENCY_KINDS: [&str; 5] = ["service", "job", "pods", "object", "daemonSet"];
 
 /// One dependency of a gate. Set exactly one field.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = exactly_one_of(&DEPENDENCY_KINDS))]
 pub struct Dependency {
-    /// A Service with at least one ready endpoint.
+    /// A Service with at least one ready endpoint in its EndpointSlices.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<NamedRef>,
-    /// A Job that has succeeded.
+    /// A Job that has succeeded. Once initium has seen it succeed it stays satisfied, even
+    /// after the Job is deleted (e.g. by its TTL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<NamedRef>,
-    /// At least one Ready Pod matching the selector.
+    /// At least one Ready Pod matching the selector. The selector must not select the Pods
+    /// this rule holds (they would wait on themselves).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods: Option<PodsRef>,
-    /// Any object whose conditions hold.
+    /// Any object (any kind the API server serves) whose conditions hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<ObjectRef>,
+    /// A DaemonSet with at least one Ready Pod. On release, the Pod's required node affinity
+    /// is narrowed to the nodes where that DaemonSet has a Ready Pod (the same-host case).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_set: Option<NamedRef>,
 }
 
 /// A named object; the namespace defaults to the Pod's.

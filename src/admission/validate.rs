@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::state::Shared;
 use crate::api::{GROUP, Operation};
-use crate::engine::{RuleErrors, compile_document};
+use crate::engine::{DEPLOYMENT_PROGRESS_DEADLINE, RuleErrors, compile_document};
 
 use super::review::{self, AdmissionResponse, StatusCause, StatusDetails};
 use super::telemetry::{self, Record, Verdict};
@@ -90,7 +90,9 @@ pub(super) fn review_rule(_shared: &Shared, body: &[u8], record: &mut Record) ->
                 dry_run = request.is_dry_run(),
                 "rule is valid",
             );
-            answer(&AdmissionResponse::allow(&request.uid))
+            let mut response = AdmissionResponse::allow(&request.uid);
+            response.warnings = review::client_warnings(&advice(&rule));
+            answer(&response)
         }
         Err(errors) => {
             record.verdict(Verdict::Denied);
@@ -103,6 +105,25 @@ pub(super) fn review_rule(_shared: &Shared, body: &[u8], record: &mut Record) ->
             answer(&invalid(&request.uid, &request.kind.kind, name, &errors))
         }
     }
+}
+
+/// Warnings for a valid rule that will likely surprise its author.
+fn advice(rule: &crate::engine::CompiledRule) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(gate) = rule.gate()
+        && gate.timeout > DEPLOYMENT_PROGRESS_DEADLINE
+    {
+        out.push(format!(
+            "{}: spec.gate.timeout is {}s, longer than a Deployment's default progress deadline \
+             ({}s): a Deployment whose Pods wait that long reports ProgressDeadlineExceeded \
+             (it still rolls out once they are released); shorten the timeout or raise the \
+             Deployment's progressDeadlineSeconds",
+            rule.id.describe(),
+            gate.timeout.as_secs(),
+            DEPLOYMENT_PROGRESS_DEADLINE.as_secs(),
+        ));
+    }
+    out
 }
 
 /// The answer when every turn to compile was taken for the whole latency budget

@@ -3,6 +3,7 @@
 
 mod error;
 mod evaluate;
+mod gate;
 mod glob;
 mod index;
 mod journal;
@@ -29,9 +30,12 @@ pub use matching::MatchError;
 pub use mutation::MutationError;
 pub use parse::{RuleSource, compile_document, is_rule_document, parse_rule};
 pub use path::{PointerError, QueryError, QueryProblem, type_name as describe_value};
-pub use rule::{
-    CompiledGate, CompiledRule, DurationError, RuleId, Subject, compile, parse_duration,
+pub use gate::{
+    CompiledGate, DEFAULT_GATE_TIMEOUT, DEPLOYMENT_PROGRESS_DEADLINE, Dependency, Target,
+    gate_name,
 };
+pub use matching::{Conditions, Selector};
+pub use rule::{CompiledRule, DurationError, RuleId, Subject, compile, parse_duration};
 pub use template::{MisplacedTemplate, TemplateError};
 
 /// Compiles every rule; the ones that fail are reported and left out, the others still work.

@@ -10,15 +10,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::api::{DEPENDENCY_KINDS, FailurePolicy, Operation, RuleSpec, exactly_one_of_message};
+use crate::api::{self, FailurePolicy, GATED_LABEL, Operation, RuleSpec};
 
 use super::error::{Errors, IdentityChange, InternalError, RuleErrors};
+use super::gate::{self, CompiledGate};
 use super::journal::Journal;
 use super::kind::{Gvk, KindPattern};
 use super::limits::{MAX_RULE_REGEXES, Meter, Stop, regex_share};
 use super::matching::{Conditions, MatchError, Matcher};
-use super::mutation::{self, Mutation};
-use super::path::{Pointer, Query, type_name as describe_value};
+use super::mutation::{self, Mutation, MutationError};
+use super::path::{Pointer, type_name as describe_value};
 
 /// Which rule: a ClusterMutationRule `name`, or a MutationRule `namespace/name`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -106,12 +107,6 @@ impl Subject<'_> {
     }
 }
 
-/// The gate of a rule, compiled (acted on by the gate controller).
-#[derive(Clone, Debug, PartialEq)]
-pub struct CompiledGate {
-    pub timeout: Duration,
-}
-
 /// A rule ready for the index.
 #[derive(Clone, Debug)]
 pub struct CompiledRule {
@@ -123,7 +118,14 @@ pub struct CompiledRule {
     exclude: Option<Box<Matcher>>,
     conditions: Conditions,
     mutations: Vec<Mutation>,
-    pub gate: Option<CompiledGate>,
+    gate: Option<Gated>,
+}
+
+/// A rule's gate: what the gate controller reads, and the mutations that hold a Pod.
+#[derive(Clone, Debug)]
+struct Gated {
+    gate: Arc<CompiledGate>,
+    hold: Vec<Mutation>,
 }
 
 /// The outcome of running one rule on an object.
@@ -150,6 +152,11 @@ pub(crate) struct UndoFailed {
 impl CompiledRule {
     pub fn kinds(&self) -> &[KindPattern] {
         self.matcher.kinds()
+    }
+
+    /// The rule's gate, if it has one (for the gate controller).
+    pub fn gate(&self) -> Option<&Arc<CompiledGate>> {
+        self.gate.as_ref().map(|g| &g.gate)
     }
 
     /// The operations the rule can act on (for the webhook configuration).
@@ -206,7 +213,7 @@ impl CompiledRule {
         meter.start_rule();
         let mut journal = Journal::default();
         let result = catch_unwind(AssertUnwindSafe(|| {
-            self.mutate(doc, &mut journal, meter)?;
+            self.mutate(subject.operation, doc, &mut journal, meter)?;
             check_identity(&journal, doc)
         }))
         .unwrap_or_else(|panic| Err(InternalError::from_panic(&*panic).into()));
@@ -228,6 +235,7 @@ impl CompiledRule {
 
     fn mutate(
         &self,
+        operation: Operation,
         doc: &mut Value,
         journal: &mut Journal,
         meter: &mut Meter,
@@ -236,6 +244,23 @@ impl CompiledRule {
         for (i, m) in self.mutations.iter().enumerate() {
             m.apply(doc, &root, journal, meter)
                 .map_err(|e| e.context(|| format!("spec.mutations[{i}]")))?;
+        }
+        // A gate is the Pod's pending slot: added at CREATE only (the API server refuses new
+        // scheduling gates on an existing Pod), after the rule's own mutations.
+        if let Some(gated) = &self.gate
+            && operation == Operation::Create
+        {
+            if doc
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty())
+            {
+                return Err(Stop::from(MutationError::BoundPod).context(|| "spec.gate".to_string()));
+            }
+            for m in &gated.hold {
+                m.apply(doc, &root, journal, meter)
+                    .map_err(|e| e.context(|| "spec.gate".to_string()))?;
+            }
         }
         Ok(())
     }
@@ -317,8 +342,11 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
     }
     let regex_limit = regex_share(regexes);
     let conditions = Conditions::compile(&spec.conditions, regex_limit, &mut errors);
-    if spec.mutations.is_empty() {
-        errors.push("spec.mutations", "a rule needs at least one mutation");
+    if spec.mutations.is_empty() && spec.gate.is_none() {
+        errors.push(
+            "spec.mutations",
+            "a rule needs at least one mutation (or a gate)",
+        );
     }
     let mutations: Vec<Mutation> = spec
         .mutations
@@ -339,63 +367,23 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
                 "a gate holds Pods through scheduling gates: match.kinds must be only Pod",
             );
         }
-        let timeout = match g.timeout.as_deref() {
-            None => Some(Duration::from_secs(600)),
-            Some(t) => parse_duration(t)
-                .map_err(|e| errors.push("spec.gate.timeout", e))
-                .ok(),
+        let exclude_labels = spec.exclude.as_ref().and_then(|e| {
+            let only_labels = e.kinds.is_empty()
+                && e.operations.is_none()
+                && e.names.is_empty()
+                && e.namespaces.is_empty()
+                && e.namespace_selector.is_none()
+                && e.annotations.is_empty();
+            e.labels.as_ref().filter(|_| only_labels)
+        });
+        let own = gate::OwnPods {
+            labels: spec.match_.labels.as_ref(),
+            namespaces: &spec.match_.namespaces,
+            exclude_labels,
         };
-        if g.wait_for.is_empty() {
-            errors.push("spec.gate.waitFor", "list at least one dependency");
-        }
-        for (i, d) in g.wait_for.iter().enumerate() {
-            let set = [
-                d.service.is_some(),
-                d.job.is_some(),
-                d.pods.is_some(),
-                d.object.is_some(),
-            ]
-            .iter()
-            .filter(|x| **x)
-            .count();
-            if set != 1 {
-                errors.push(
-                    format!("spec.gate.waitFor[{i}]"),
-                    format!(
-                        "{} (found {set})",
-                        exactly_one_of_message(&DEPENDENCY_KINDS)
-                    ),
-                );
-            }
-            // DESIGN.md: a MutationRule may only wait on objects in its own namespace.
-            if let Some(own) = id.namespace.as_deref() {
-                let namespaces = [
-                    ("service", d.service.as_ref().and_then(|r| r.namespace.as_deref())),
-                    ("job", d.job.as_ref().and_then(|r| r.namespace.as_deref())),
-                    ("pods", d.pods.as_ref().and_then(|r| r.namespace.as_deref())),
-                    ("object", d.object.as_ref().and_then(|r| r.namespace.as_deref())),
-                ];
-                for (field, namespace) in namespaces {
-                    if let Some(namespace) = namespace.filter(|ns| *ns != own) {
-                        errors.push(
-                            format!("spec.gate.waitFor[{i}].{field}.namespace"),
-                            format!("a MutationRule may only wait on objects in its own namespace ({own}), not {namespace:?}; leave it out, or use a ClusterMutationRule"),
-                        );
-                    }
-                }
-            }
-            if let Some(o) = &d.object {
-                for (j, c) in o.conditions.iter().enumerate() {
-                    if let Err(e) = Query::parse(&c.path) {
-                        errors.push(
-                            format!("spec.gate.waitFor[{i}].object.conditions[{j}].path"),
-                            e,
-                        );
-                    }
-                }
-            }
-        }
-        timeout.map(|timeout| CompiledGate { timeout })
+        let compiled = gate::compile(&id, g, &own, regex_limit, &mut errors)?;
+        let hold = gate_mutations(&compiled.name, regex_limit, &mut errors);
+        Some((compiled, hold))
     });
     if !errors.errors.is_empty() {
         return Err(RuleErrors {
@@ -411,8 +399,34 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
         exclude,
         conditions,
         mutations,
-        gate,
+        gate: gate.map(|(g, hold)| Gated {
+            gate: Arc::new(g),
+            hold,
+        }),
     })
+}
+
+/// What a gate rule adds to a Pod at CREATE, after its mutations: its scheduling gate (kept
+/// once, whatever else is in the list) and the label the gate controller watches.
+fn gate_mutations(name: &str, regex_limit: usize, errors: &mut Errors) -> Vec<Mutation> {
+    let specs = [
+        api::Mutation {
+            upsert: Some(api::Upsert {
+                path: "/spec/schedulingGates".into(),
+                key: "name".into(),
+                value: serde_json::json!({ "name": name }),
+            }),
+            ..Default::default()
+        },
+        api::Mutation {
+            merge: Some(serde_json::json!({ "metadata": { "labels": { GATED_LABEL: "true" } } })),
+            ..Default::default()
+        },
+    ];
+    specs
+        .iter()
+        .filter_map(|m| mutation::compile(m, "spec.gate", regex_limit, errors))
+        .collect()
 }
 
 /// The regular expressions of a rule: conditions' `matches` and rewrites, also in `forEach`.

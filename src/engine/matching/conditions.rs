@@ -25,18 +25,28 @@ struct Condition {
 }
 
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Conditions(Vec<Condition>);
+pub struct Conditions(Vec<Condition>);
 
 impl Conditions {
     /// Compiles `spec.conditions`; each `matches` may compile to `regex_limit` bytes.
-    pub fn compile(
+    pub(crate) fn compile(
         conditions: &[api::Condition],
+        regex_limit: usize,
+        errors: &mut Errors,
+    ) -> Conditions {
+        Self::compile_at(conditions, "spec.conditions", regex_limit, errors)
+    }
+
+    /// [`Conditions::compile`] for conditions at `field` (e.g. a gate dependency's).
+    pub(crate) fn compile_at(
+        conditions: &[api::Condition],
+        field: &str,
         regex_limit: usize,
         errors: &mut Errors,
     ) -> Conditions {
         let mut compiled = Vec::new();
         for (i, c) in conditions.iter().enumerate() {
-            let at = format!("spec.conditions[{i}]");
+            let at = format!("{field}[{i}]");
             let query = Query::parse(&c.path)
                 .map_err(|e| errors.push(format!("{at}.path"), e))
                 .ok();
@@ -72,7 +82,7 @@ impl Conditions {
 
     /// Whether every condition holds; an error names the condition whose query would do too
     /// much work on this object.
-    pub fn hold(&self, object: &Value) -> Result<bool, MatchError> {
+    pub(crate) fn hold(&self, object: &Value) -> Result<bool, MatchError> {
         for (index, c) in self.0.iter().enumerate() {
             if !c
                 .holds(object)

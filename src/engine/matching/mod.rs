@@ -27,7 +27,8 @@ use super::path::QueryError;
 use super::rule::Subject;
 
 use annotations::Annotations;
-pub(crate) use conditions::Conditions;
+pub use conditions::Conditions;
+pub use selector::Selector;
 use kinds::Kinds;
 use labels::Labels;
 use names::Names;

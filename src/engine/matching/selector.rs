@@ -22,7 +22,7 @@ pub struct Selector {
 }
 
 impl Selector {
-    pub fn compile(selector: &LabelSelector, field: &str, errors: &mut Errors) -> Selector {
+    pub(crate) fn compile(selector: &LabelSelector, field: &str, errors: &mut Errors) -> Selector {
         let mut requirements = Vec::new();
         for (key, value) in selector.match_labels.iter().flatten() {
             check_key(key, &format!("{field}.matchLabels"), errors);

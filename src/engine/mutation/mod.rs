@@ -352,6 +352,11 @@ pub enum MutationError {
     Patch(#[from] json_patch::PatchErrorKind),
     #[error("forEach cannot be nested")]
     NestedForEach,
+    /// A gate rule matched a Pod that is already bound to a node.
+    #[error(
+        "the Pod is already bound to a node (spec.nodeName is set), and the API server refuses scheduling gates on a bound Pod; exclude such Pods from the rule"
+    )]
+    BoundPod,
     /// A mutation whose templates render was applied where nothing can be rendered: a bug.
     #[error("a template of the mutation was not rendered")]
     NotRendered,

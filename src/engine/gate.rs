@@ -1,0 +1,500 @@
+//! Gates: a rule's `spec.gate`, compiled. At admission the rule adds its scheduling gate
+//! (`initium.dev/<rule>`) to a new Pod; the gate controller (`controller::gate`) removes it
+//! once every dependency holds. This file is the pure half: the gate's name, its
+//! dependencies with their namespaces resolved, the tests on a dependency's state, and the
+//! compile-time checks (own namespace, Pods that would wait on themselves).
+
+use std::fmt;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde_json::Value;
+
+use crate::api::{self, DEPENDENCY_KINDS, GATE_PREFIX, OnTimeout, exactly_one_of_message};
+
+use super::error::Errors;
+use super::glob::Glob;
+use super::matching::{Conditions, Selector};
+use super::rule::{RuleId, parse_duration};
+
+/// Longest name part of a qualified name (`prefix/name`), as Kubernetes allows.
+const MAX_NAME_PART: usize = 63;
+
+/// The default `gate.timeout`.
+pub const DEFAULT_GATE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A Deployment's default `progressDeadlineSeconds`: a gate that holds Pods longer makes the
+/// Deployment report `ProgressDeadlineExceeded` (it still rolls out once released).
+pub const DEPLOYMENT_PROGRESS_DEADLINE: Duration = Duration::from_secs(600);
+
+/// The gate of a rule, compiled: what the gate controller acts on.
+#[derive(Clone, Debug)]
+pub struct CompiledGate {
+    /// The scheduling gate's name, `initium.dev/…` (see [`gate_name`]).
+    pub name: String,
+    pub wait_for: Vec<Dependency>,
+    pub timeout: Duration,
+    pub on_timeout: OnTimeout,
+}
+
+/// A named object; `namespace: None` is the waiting Pod's own namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl Target {
+    fn of(r: &api::NamedRef) -> Target {
+        Target {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+        }
+    }
+
+    /// The namespace, the Pod's own when the rule named none.
+    pub fn namespace<'a>(&'a self, pod_namespace: &'a str) -> &'a str {
+        self.namespace.as_deref().unwrap_or(pod_namespace)
+    }
+}
+
+/// One dependency of a gate.
+#[derive(Clone, Debug)]
+pub enum Dependency {
+    /// At least one ready endpoint in the Service's EndpointSlices.
+    Service(Target),
+    /// The Job has succeeded (and stays satisfied once seen so).
+    Job(Target),
+    /// At least one Ready Pod matching `selector`.
+    Pods {
+        namespace: Option<String>,
+        selector: Selector,
+        /// The selector as written, for messages and events.
+        text: String,
+    },
+    /// Any object whose conditions hold.
+    Object {
+        api_version: String,
+        kind: String,
+        target: Target,
+        conditions: Conditions,
+    },
+    /// At least one Ready Pod of the DaemonSet; on release the Pod is narrowed to those nodes.
+    DaemonSet(Target),
+}
+
+impl Dependency {
+    /// The dependency's namespace for a Pod in `pod_namespace`.
+    pub fn namespace<'a>(&'a self, pod_namespace: &'a str) -> &'a str {
+        match self {
+            Dependency::Service(t) | Dependency::Job(t) | Dependency::DaemonSet(t) => {
+                t.namespace(pod_namespace)
+            }
+            Dependency::Pods { namespace, .. } => namespace.as_deref().unwrap_or(pod_namespace),
+            Dependency::Object { target, .. } => target.namespace(pod_namespace),
+        }
+    }
+
+    /// `Service payments/mariadb`, for events and logs, for a Pod in `pod_namespace`.
+    pub fn describe(&self, pod_namespace: &str) -> String {
+        let ns = self.namespace(pod_namespace);
+        match self {
+            Dependency::Service(t) => format!("Service {ns}/{}", t.name),
+            Dependency::Job(t) => format!("Job {ns}/{}", t.name),
+            Dependency::DaemonSet(t) => format!("DaemonSet {ns}/{}", t.name),
+            Dependency::Pods { text, .. } => format!("Pods in {ns} matching {text}"),
+            Dependency::Object { kind, target, .. } => {
+                if target.namespace.is_none() && kind_is_cluster_scoped_hint(kind) {
+                    format!("{kind} {}", target.name)
+                } else {
+                    format!("{kind} {ns}/{}", target.name)
+                }
+            }
+        }
+    }
+}
+
+/// Only for messages: the object dependency's namespace is ignored by the controller for
+/// cluster-scoped kinds, which discovery tells; here a few well-known ones read better.
+fn kind_is_cluster_scoped_hint(kind: &str) -> bool {
+    matches!(
+        kind,
+        "Node" | "Namespace" | "CustomResourceDefinition" | "ClusterRole" | "StorageClass"
+    )
+}
+
+impl Conditions {
+    /// Whether every condition holds on `object`; a condition whose query fails does not hold.
+    pub fn hold_on(&self, object: &Value) -> bool {
+        self.hold(object).unwrap_or(false)
+    }
+}
+
+impl Dependency {
+    /// For `object`: whether its conditions hold on `object` (no conditions: it exists).
+    pub fn object_holds(&self, object: &Value) -> bool {
+        match self {
+            Dependency::Object { conditions, .. } => conditions.hold_on(object),
+            _ => false,
+        }
+    }
+
+    /// For `pods`: whether a Pod with these labels is selected.
+    pub fn selects(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        match self {
+            Dependency::Pods { selector, .. } => selector.matches_map(labels),
+            _ => false,
+        }
+    }
+}
+
+/// The scheduling gate of a rule: `initium.dev/<namespace>.<name>` for a MutationRule,
+/// `initium.dev/cluster.<name>` for a ClusterMutationRule (a namespace has no dots, so the two
+/// never meet). When that is longer than a qualified name allows, or has characters a gate
+/// name may not, the name part is shortened and ends with a hash of the whole, so it stays
+/// unique and stable.
+pub fn gate_name(id: &RuleId) -> String {
+    let full = match &id.namespace {
+        Some(ns) => format!("{ns}.{}", id.name),
+        None => format!("cluster.{}", id.name),
+    };
+    let valid = full.len() <= MAX_NAME_PART
+        && full
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if valid {
+        return format!("{GATE_PREFIX}{full}");
+    }
+    let hash = format!("{:016x}", fnv1a(full.as_bytes()));
+    let keep: String = full
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(MAX_NAME_PART - hash.len() - 1)
+        .collect();
+    format!("{GATE_PREFIX}{keep}-{hash}")
+}
+
+/// FNV-1a, 64 bits: stable across builds and platforms (unlike `DefaultHasher`).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// What the rule's own matching says about which Pods it gates, for the self-wait check.
+pub(crate) struct OwnPods<'a> {
+    /// `spec.match.labels`.
+    pub labels: Option<&'a LabelSelector>,
+    /// `spec.match.namespaces` (ClusterMutationRule).
+    pub namespaces: &'a [String],
+    /// `spec.exclude`, when it has only `labels`.
+    pub exclude_labels: Option<&'a LabelSelector>,
+}
+
+/// Compiles `spec.gate`; every problem is pushed to `errors` with its field path.
+pub(crate) fn compile(
+    id: &RuleId,
+    gate: &api::Gate,
+    own: &OwnPods,
+    regex_limit: usize,
+    errors: &mut Errors,
+) -> Option<CompiledGate> {
+    let timeout = match gate.timeout.as_deref() {
+        None => Some(DEFAULT_GATE_TIMEOUT),
+        Some(t) => match parse_duration(t) {
+            Ok(d) if d.is_zero() => {
+                errors.push("spec.gate.timeout", "the timeout must be more than zero");
+                None
+            }
+            Ok(d) => Some(d),
+            Err(e) => {
+                errors.push("spec.gate.timeout", e);
+                None
+            }
+        },
+    };
+    if gate.wait_for.is_empty() {
+        errors.push("spec.gate.waitFor", "list at least one dependency");
+    }
+    let mut wait_for = Vec::new();
+    for (i, d) in gate.wait_for.iter().enumerate() {
+        let at = format!("spec.gate.waitFor[{i}]");
+        let set = [
+            d.service.is_some(),
+            d.job.is_some(),
+            d.pods.is_some(),
+            d.object.is_some(),
+            d.daemon_set.is_some(),
+        ]
+        .iter()
+        .filter(|x| **x)
+        .count();
+        if set != 1 {
+            errors.push(
+                &at,
+                format!(
+                    "{} (found {set})",
+                    exactly_one_of_message(&DEPENDENCY_KINDS)
+                ),
+            );
+            continue;
+        }
+        // DESIGN.md: a MutationRule may only wait on objects in its own namespace.
+        let namespace = [
+            ("service", d.service.as_ref().and_then(|r| r.namespace.as_deref())),
+            ("job", d.job.as_ref().and_then(|r| r.namespace.as_deref())),
+            ("pods", d.pods.as_ref().and_then(|r| r.namespace.as_deref())),
+            ("object", d.object.as_ref().and_then(|r| r.namespace.as_deref())),
+            ("daemonSet", d.daemon_set.as_ref().and_then(|r| r.namespace.as_deref())),
+        ]
+        .into_iter()
+        .find_map(|(field, ns)| ns.map(|ns| (field, ns)));
+        if let (Some(own_ns), Some((field, ns))) = (id.namespace.as_deref(), namespace)
+            && ns != own_ns
+        {
+            errors.push(
+                format!("{at}.{field}.namespace"),
+                format!("a MutationRule may only wait on objects in its own namespace ({own_ns}), not {ns:?}; leave it out, or use a ClusterMutationRule"),
+            );
+            continue;
+        }
+        for (field, name) in [
+            ("service", d.service.as_ref().map(|r| r.name.as_str())),
+            ("job", d.job.as_ref().map(|r| r.name.as_str())),
+            ("object", d.object.as_ref().map(|r| r.name.as_str())),
+            ("daemonSet", d.daemon_set.as_ref().map(|r| r.name.as_str())),
+        ] {
+            if name.is_some_and(str::is_empty) {
+                errors.push(format!("{at}.{field}.name"), "give the object's name");
+            }
+        }
+        let dependency = if let Some(r) = &d.service {
+            Dependency::Service(Target::of(r))
+        } else if let Some(r) = &d.job {
+            Dependency::Job(Target::of(r))
+        } else if let Some(r) = &d.daemon_set {
+            Dependency::DaemonSet(Target::of(r))
+        } else if let Some(p) = &d.pods {
+            let field = format!("{at}.pods.selector");
+            let before = errors.errors.len();
+            let selector = Selector::compile(&p.selector, &field, errors);
+            if errors.errors.len() == before {
+                check_self_wait(p, own, &field, errors);
+            }
+            Dependency::Pods {
+                namespace: p.namespace.clone(),
+                selector,
+                text: describe_selector(&p.selector),
+            }
+        } else if let Some(o) = &d.object {
+            if o.api_version.is_empty() || o.kind.is_empty() {
+                errors.push(
+                    format!("{at}.object"),
+                    "give the object's apiVersion and kind",
+                );
+            }
+            let conditions = Conditions::compile_at(
+                &o.conditions,
+                &format!("{at}.object.conditions"),
+                regex_limit,
+                errors,
+            );
+            Dependency::Object {
+                api_version: o.api_version.clone(),
+                kind: o.kind.clone(),
+                target: Target {
+                    namespace: o.namespace.clone(),
+                    name: o.name.clone(),
+                },
+                conditions,
+            }
+        } else {
+            continue;
+        };
+        wait_for.push(dependency);
+    }
+    Some(CompiledGate {
+        name: gate_name(id),
+        wait_for,
+        timeout: timeout?,
+        on_timeout: gate.on_timeout,
+    })
+}
+
+/// A rule whose own Pods satisfy a `pods` dependency would hold them until the timeout: they
+/// are never Ready while gated. Refused unless the rule's matching provably keeps the
+/// selected Pods out (a label the selector requires that `match.labels` forbids, a namespace
+/// outside `match.namespaces`, or an `exclude.labels` the selector implies).
+fn check_self_wait(dep: &api::PodsRef, own: &OwnPods, field: &str, errors: &mut Errors) {
+    if let Some(ns) = dep.namespace.as_deref()
+        && !own.namespaces.is_empty()
+        && !own.namespaces.iter().any(|g| Glob::new(g).matches(ns))
+    {
+        return;
+    }
+    if own
+        .labels
+        .is_some_and(|m| selectors_disjoint(m, &dep.selector))
+    {
+        return;
+    }
+    if own
+        .exclude_labels
+        .is_some_and(|e| selector_implies(&dep.selector, e))
+    {
+        return;
+    }
+    errors.push(
+        field,
+        "this rule could hold the very Pods it waits for, and gated Pods never become Ready, so they would wait on themselves until the timeout; keep them out of the rule with `exclude: {labels: <the same selector>}`, or narrow `match.labels` so it cannot select them",
+    );
+}
+
+/// Equalities a selector requires: `matchLabels` and single-value `In`.
+fn required_values(s: &LabelSelector) -> Vec<(&str, &str)> {
+    let mut out: Vec<(&str, &str)> = s
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    for e in s.match_expressions.iter().flatten() {
+        if e.operator == "In"
+            && let Some([v]) = e.values.as_deref()
+        {
+            out.push((e.key.as_str(), v.as_str()));
+        }
+    }
+    out
+}
+
+/// True when no label set can satisfy both selectors.
+fn selectors_disjoint(a: &LabelSelector, b: &LabelSelector) -> bool {
+    let contradicts = |req: &[(&str, &str)], other: &LabelSelector| {
+        req.iter().any(|(k, v)| {
+            let label_conflict = other
+                .match_labels
+                .iter()
+                .flatten()
+                .any(|(ok, ov)| ok == k && ov != v);
+            let expr_conflict = other.match_expressions.iter().flatten().any(|e| {
+                e.key == *k
+                    && match e.operator.as_str() {
+                        "In" => e.values.iter().flatten().all(|x| x != v),
+                        "NotIn" => e.values.iter().flatten().any(|x| x == v),
+                        "DoesNotExist" => true,
+                        _ => false,
+                    }
+            });
+            label_conflict || expr_conflict
+        })
+    };
+    contradicts(&required_values(a), b) || contradicts(&required_values(b), a)
+}
+
+/// True when every label set `a` selects is selected by `b` too (checked syntactically: each
+/// of `b`'s requirements appears in `a`).
+fn selector_implies(a: &LabelSelector, b: &LabelSelector) -> bool {
+    let a_values = required_values(a);
+    let labels_ok = b
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| a_values.contains(&(k.as_str(), v.as_str())));
+    let exprs_ok = b.match_expressions.iter().flatten().all(|e| {
+        a.match_expressions.iter().flatten().any(|x| x == e)
+            || (e.operator == "Exists" && a_values.iter().any(|(k, _)| *k == e.key))
+            || (e.operator == "In"
+                && a_values
+                    .iter()
+                    .any(|(k, v)| *k == e.key && e.values.iter().flatten().any(|x| x == v)))
+    });
+    let b_empty = b.match_labels.as_ref().is_none_or(|m| m.is_empty())
+        && b.match_expressions.as_ref().is_none_or(|m| m.is_empty());
+    !b_empty && labels_ok && exprs_ok
+}
+
+/// `{app=db,tier in (a,b)}`, for messages.
+fn describe_selector(s: &LabelSelector) -> String {
+    let mut parts: Vec<String> = s
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in s.match_expressions.iter().flatten() {
+        let values = e.values.as_deref().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "Exists" => e.key.clone(),
+            "DoesNotExist" => format!("!{}", e.key),
+            other => format!("{} {other}", e.key),
+        });
+    }
+    format!("{{{}}}", parts.join(","))
+}
+
+impl fmt::Display for CompiledGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn selector(labels: &[(&str, &str)]) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            match_expressions: None,
+        }
+    }
+
+    #[test]
+    fn gate_names_are_qualified_unique_and_stable() {
+        let a = gate_name(&RuleId::namespaced("payments", "wait-db"));
+        assert_eq!(a, "initium.dev/payments.wait-db");
+        let c = gate_name(&RuleId::cluster("wait-db"));
+        assert_eq!(c, "initium.dev/cluster.wait-db");
+        let long = "x".repeat(200);
+        let l1 = gate_name(&RuleId::namespaced("payments", &long));
+        let l2 = gate_name(&RuleId::namespaced("payment", &format!("s.{long}")));
+        assert_ne!(l1, l2, "a shortened name keeps a hash of the whole");
+        for name in [&l1, &l2] {
+            let part = name.strip_prefix(GATE_PREFIX).unwrap();
+            assert!(part.len() <= 63, "{name}");
+            assert!(part.chars().last().unwrap().is_ascii_alphanumeric());
+        }
+        assert_eq!(l1, gate_name(&RuleId::namespaced("payments", &long)));
+    }
+
+    #[test]
+    fn disjoint_and_implied_selectors() {
+        let app_web = selector(&[("app", "web")]);
+        let app_db = selector(&[("app", "db")]);
+        let tier = selector(&[("tier", "x")]);
+        assert!(selectors_disjoint(&app_web, &app_db));
+        assert!(!selectors_disjoint(&app_web, &tier));
+        assert!(selector_implies(&selector(&[("app", "db"), ("x", "y")]), &app_db));
+        assert!(!selector_implies(&tier, &app_db));
+        assert!(!selector_implies(&tier, &selector(&[])));
+    }
+}
