@@ -403,7 +403,7 @@ fn kubectl_explain_shows_the_field_documentation() {
         ),
         (
             "mutationrule.spec.mutations",
-            "The mutations, applied in order; each sees the result of the previous one. A rule is atomic: if one mutation fails, none of the rule's changes are kept.",
+            "The mutations, applied in order; each sees the result of the previous one. A rule is atomic: if one mutation fails, none of the rule's changes are kept. May be empty only when the rule has a `gate`.",
         ),
         (
             "mutationrule.spec.mutations.merge",
@@ -609,7 +609,7 @@ kind: MutationRule
 metadata: {name: NAME, namespace: NAMESPACE}
 spec:
   match: {kinds: [Pod]}",
-        errors: &["spec.mutations: Required value"],
+        errors: &["a rule needs at least one mutation, or a gate"],
     },
     Invalid {
         what: "empty mutations",
@@ -619,7 +619,7 @@ metadata: {name: NAME}
 spec:
   match: {kinds: [Pod]}
   mutations: []",
-        errors: &["spec.mutations", "should have at least 1 items"],
+        errors: &["a rule needs at least one mutation, or a gate"],
     },
     Invalid {
         what: "misspelt field",
@@ -644,7 +644,7 @@ spec:
     waitFor: [{service: {name: db}, job: {name: db-init}}]",
         errors: &[
             "spec.gate.waitFor[0]",
-            "set exactly one of service, job, pods, object",
+            "set exactly one of service, job, pods, object, daemonSet",
         ],
     },
 ];

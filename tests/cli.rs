@@ -243,7 +243,7 @@ fn check_reports_every_invalid_rule_with_its_field_path() {
             "ClusterMutationRule bad-selector {f}#6): spec.match.labels.matchExpressions[0].operator: unknown operator \"Equals\": use In, NotIn, Exists or DoesNotExist"
         ),
         format!(
-            "ClusterMutationRule no-mutations {f}#7): spec.mutations: a rule needs at least one mutation"
+            "ClusterMutationRule no-mutations {f}#7): spec.mutations: a rule needs at least one mutation (or a gate)"
         ),
         format!("ClusterMutationRule unknown-fields {f}#8): spec.match.namspaces: unknown field"),
         format!(
@@ -265,7 +265,7 @@ fn check_reports_every_invalid_rule_with_its_field_path() {
             "ClusterMutationRule bad-gate {f}#12): spec.gate.timeout: invalid duration \"10 minutes\": use a number with a unit, like 30s, 10m or 1h30m"
         ),
         format!(
-            "ClusterMutationRule bad-gate {f}#12): spec.gate.waitFor[0]: set exactly one of service, job, pods, object (found 2)"
+            "ClusterMutationRule bad-gate {f}#12): spec.gate.waitFor[0]: set exactly one of service, job, pods, object, daemonSet (found 2)"
         ),
     ];
     let lines: Vec<&str> = stderr.lines().skip(1).collect();
