@@ -12,8 +12,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -22,10 +20,9 @@ use k8s_openapi::api::core::v1::{Event, Pod, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use initium::api::MutationRule;
-use support::process::{Initium, InitiumOptions};
+use support::serving::{Serving, apply_rule};
 use support::workloads::{self, cluster};
-use support::{eventually, serial, unique};
+use support::{eventually, serial};
 
 /// The label every test rule sets on the Pods it matches.
 const STAMP: &str = "example.com/stamp";
@@ -36,69 +33,6 @@ const MUTATED_BY: &str = "initium.dev/mutated-by";
 
 /// Generous on a loaded 2-core machine: a 10-Pod rollout takes a few seconds when idle.
 const ROLLOUT: Duration = Duration::from_secs(120);
-
-/// One `initium serve` process with webhook configurations and a Lease of its own name.
-/// Dropping it stops the process and deletes its webhook configurations: a configuration
-/// left behind would point at a dead port, and its validating webhook (failure policy Fail)
-/// would reject every rule the next test creates.
-struct Serving {
-    initium: Initium,
-    name: String,
-    log: PathBuf,
-}
-
-impl Serving {
-    fn start() -> Serving {
-        let name = unique("initium-cluster");
-        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.log"));
-        let initium = Initium::start(cluster(), Serving::options(&name, &log))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-        Serving { initium, name, log }
-    }
-
-    fn options(name: &str, log: &std::path::Path) -> InitiumOptions {
-        InitiumOptions {
-            namespace: name.to_owned(),
-            extra: ["--webhook-name", name, "--lease-name", name]
-                .map(String::from)
-                .to_vec(),
-            cpus: None,
-            log: log.to_owned(),
-        }
-    }
-
-    /// SIGKILL, as a crash would end it: its webhook configurations stay registered.
-    fn kill(&mut self) {
-        self.initium.kill();
-    }
-
-    /// Starts it again on the ports it had (so the registered configuration reaches it, with
-    /// the CA it keeps in its Secret) and waits until it is ready.
-    fn restart(&mut self) {
-        let (webhook, ops): (SocketAddr, SocketAddr) = (self.initium.webhook, self.initium.ops);
-        let options = Serving::options(&self.name, &self.log);
-        self.initium =
-            Initium::spawn(cluster(), &options, webhook, ops).unwrap_or_else(|e| panic!("{e:#}"));
-        self.initium
-            .wait_ready(Duration::from_secs(180))
-            .unwrap_or_else(|e| panic!("{e:#}"));
-    }
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        self.initium.kill();
-        for kind in [
-            "mutatingwebhookconfiguration",
-            "validatingwebhookconfiguration",
-        ] {
-            let _ = cluster()
-                .kubectl()
-                .args(["delete", kind, &self.name, "--ignore-not-found"])
-                .output();
-        }
-    }
-}
 
 /// A MutationRule `name` in `namespace` that sets the label [`STAMP`] to `value` and the
 /// annotation [`INITIALIZED`] on every Pod.
@@ -114,32 +48,6 @@ spec:
     - merge: {{metadata: {{labels: {{{STAMP}: "{value}"}}, annotations: {{{INITIALIZED}: "true"}}}}}}
 "#
     )
-}
-
-/// Applies a rule and waits until its status says the current generation is Ready.
-async fn apply_rule(client: &kube::Client, namespace: &str, name: &str, yaml: &str) {
-    cluster().apply(yaml).unwrap_or_else(|e| panic!("{e:#}"));
-    let rules: Api<MutationRule> = Api::namespaced(client.clone(), namespace);
-    eventually(
-        &format!("MutationRule {namespace}/{name} to be Ready"),
-        Duration::from_secs(60),
-        || async {
-            let rule = rules.get(name).await.map_err(|e| e.to_string())?;
-            let status = serde_json::to_value(&rule.status).map_err(|e| e.to_string())?;
-            let generation = rule.metadata.generation;
-            let ready = status["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            if ready && status["observedGeneration"].as_i64() == generation {
-                Ok(())
-            } else {
-                Err(format!("generation {generation:?}, status {status}"))
-            }
-        },
-    )
-    .await;
 }
 
 /// Waits until a Pod created in `namespace` (a server-side dry run) carries the stamp

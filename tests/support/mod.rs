@@ -13,6 +13,7 @@
 //! - [`process`]: `initium serve` as a process, ports, `/metrics`, `/mutate`;
 //! - [`workloads`]: a whole cluster (`up --nodes 3`: controller manager, scheduler, kwok
 //!   nodes) for a test binary, and waits for Deployments, Jobs, Pods and endpoints;
+//! - [`serving`]: `initium serve` beside the whole cluster, and rules applied until Ready;
 //! - [`serial`]: the one guard that runs a binary's tests one at a time;
 //! - [`fixtures`]: the Pod and rules the benchmarks measure;
 //! - [`measure`]: memory, latency percentiles, the machine.
@@ -27,6 +28,7 @@ pub mod measure;
 pub mod plane;
 pub mod process;
 pub mod serial;
+pub mod serving;
 pub mod wait;
 pub mod workloads;
 

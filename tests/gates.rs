@@ -1,0 +1,774 @@
+//! Gate mode on a whole cluster (`scripts/control-plane up --nodes 3`: controller manager,
+//! scheduler, kwok nodes): Pods held by initium's scheduling gate until their dependencies
+//! are ready — a Service with a ready endpoint, a Job that succeeded, a Ready Pod, any object
+//! whose condition holds, a DaemonSet's node — then released by the gate controller,
+//! scheduled and Running; and what happens on timeouts, foreign gates, rule deletion and a
+//! leader that dies in the middle of a wave.
+//!
+//! `initium serve` runs as a process beside the cluster; rules and webhook configurations are
+//! cluster-wide and one test kills a replica, so the tests run one at a time.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use support::serving::{Serving, apply_rule};
+use support::workloads::{self, cluster};
+use support::{eventually, serial};
+
+/// Generous on a loaded 2-core machine.
+const WAIT: Duration = Duration::from_secs(120);
+const GATED_LABEL: &str = "initium.dev/gated";
+
+/// A MutationRule `name` in `namespace` holding the Pods labelled `wait=<name>` until
+/// `wait_for` (YAML flow list) holds.
+fn gate_rule(namespace: &str, name: &str, wait_for: &str, more: &str) -> String {
+    format!(
+        r#"apiVersion: initium.dev/v1alpha1
+kind: MutationRule
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  match:
+    kinds: [Pod]
+    labels: {{matchLabels: {{wait: {name}}}}}
+  gate:
+    waitFor: {wait_for}
+{more}"#
+    )
+}
+
+fn gate_of(namespace: &str, rule: &str) -> String {
+    format!("initium.dev/{namespace}.{rule}")
+}
+
+fn gates(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|g| g.name.clone())
+        .collect()
+}
+
+fn name(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+fn node(pod: &Pod) -> Option<String> {
+    pod.spec.as_ref().and_then(|s| s.node_name.clone())
+}
+
+fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// A bare Pod labelled `wait=<wait>` (and `labels`), created under a generated name.
+async fn create_pod(client: &kube::Client, ns: &str, wait: &str, extra: Value) -> Pod {
+    let mut pod = json!({
+        "metadata": {"generateName": format!("{wait}-"), "labels": {"wait": wait}},
+        "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1"}]}
+    });
+    merge(&mut pod, extra);
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("create a Pod in {ns}: {e}"))
+}
+
+fn merge(target: &mut Value, patch: Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(t.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (t, p) => *t = p,
+    }
+}
+
+/// Waits until `count` Pods match `selector` and each carries `gate` and is not scheduled.
+async fn pods_held(
+    client: &kube::Client,
+    ns: &str,
+    selector: &str,
+    count: usize,
+    gate: &str,
+) -> Vec<Pod> {
+    eventually(
+        &format!("{count} Pods {selector} in {ns} held by {gate}"),
+        WAIT,
+        || async {
+            let pods = workloads::pods(client, ns, selector)
+                .await
+                .map_err(|e| e.to_string())?;
+            let held = pods
+                .iter()
+                .filter(|p| gates(p).iter().any(|g| g == gate) && node(p).is_none())
+                .count();
+            if pods.len() == count && held == count {
+                Ok(pods)
+            } else {
+                Err(format!("{} Pods, {held} held", pods.len()))
+            }
+        },
+    )
+    .await
+}
+
+/// Waits until `count` Pods match `selector` and none carries an `initium.dev/` gate any
+/// more; returns them.
+async fn pods_released(client: &kube::Client, ns: &str, selector: &str, count: usize) -> Vec<Pod> {
+    eventually(
+        &format!("{count} Pods {selector} in {ns} released"),
+        WAIT,
+        || async {
+            let pods = workloads::pods(client, ns, selector)
+                .await
+                .map_err(|e| e.to_string())?;
+            let released = pods
+                .iter()
+                .filter(|p| !gates(p).iter().any(|g| g.starts_with("initium.dev/")))
+                .count();
+            if pods.len() == count && released == count {
+                Ok(pods)
+            } else {
+                Err(format!("{} Pods, {released} released", pods.len()))
+            }
+        },
+    )
+    .await
+}
+
+/// Asserts that for `hold` the Pods of `selector` stay held (a dependency not ready must not
+/// release anything).
+async fn still_held_after(client: &kube::Client, ns: &str, selector: &str, hold: Duration) {
+    tokio::time::sleep(hold).await;
+    let pods = workloads::pods(client, ns, selector).await.unwrap();
+    assert!(!pods.is_empty(), "no Pods {selector} in {ns}");
+    for pod in &pods {
+        assert!(
+            gates(pod).iter().any(|g| g.starts_with("initium.dev/")),
+            "Pod {ns}/{} was released while its dependency was not ready: gates {:?}",
+            name(pod),
+            gates(pod)
+        );
+        assert_eq!(node(pod), None, "a held Pod was scheduled");
+    }
+}
+
+/// The events.k8s.io Events about Pod `pod` with `reason`.
+async fn events(client: &kube::Client, ns: &str, pod: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().fields(&format!("regarding.name={pod}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+/// Waits until every Pod in `pods` has an Event `reason`; returns each Pod's count of them
+/// (a repeated Event counts its series).
+async fn events_for_all(
+    client: &kube::Client,
+    ns: &str,
+    pods: &[String],
+    reason: &str,
+) -> BTreeMap<String, i32> {
+    eventually(
+        &format!("an Event {reason} for each of {} Pods", pods.len()),
+        Duration::from_secs(60),
+        || async {
+            let mut counts = BTreeMap::new();
+            for pod in pods {
+                let n: i32 = events(client, ns, pod, reason)
+                    .await
+                    .iter()
+                    .map(|e| e.series.as_ref().map_or(1, |s| s.count.max(1)))
+                    .sum();
+                counts.insert(pod.clone(), n);
+            }
+            let missing = counts.values().filter(|n| **n == 0).count();
+            if missing == 0 {
+                Ok(counts)
+            } else {
+                Err(format!("{missing} Pods without one"))
+            }
+        },
+    )
+    .await
+}
+
+/// `kubectl apply -f -` of `yaml`: whether it succeeded, and what kubectl printed on stderr
+/// (errors, and the warnings of admission webhooks).
+fn kubectl_apply(yaml: &str) -> (bool, String) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = cluster()
+        .kubectl()
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(yaml.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn metric(serving: &Serving, name: &str) -> f64 {
+    serving
+        .initium
+        .metric(name)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+async fn create_deployment(client: &kube::Client, ns: &str, name: &str, replicas: i32, wait: &str) {
+    let mut d = workloads::deployment(name, replicas);
+    let template = &mut d.spec.as_mut().unwrap().template;
+    template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("wait".into(), wait.into());
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_deployment_waits_for_a_service_then_all_its_pods_are_released_and_run() {
+    let _serial = serial().await;
+    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    let client = workloads::client().await;
+    let serving = Serving::start();
+    let ns = workloads::namespace(&client, "gate-svc").await;
+    apply_rule(
+        &client,
+        &ns,
+        "web",
+        &gate_rule(&ns, "web", "[{service: {name: backend}}]", ""),
+    )
+    .await;
+    // The Service exists but has no endpoint yet: that is not ready.
+    Api::<Service>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &workloads::service("backend", "backend"),
+        )
+        .await
+        .unwrap();
+    create_deployment(&client, &ns, "web", 20, "web").await;
+    let gate = gate_of(&ns, "web");
+    let held = pods_held(&client, &ns, "app=web", 20, &gate).await;
+    for pod in &held {
+        assert_eq!(label(pod, GATED_LABEL), Some("true"), "{}", name(pod));
+        let scheduled = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .find(|c| c.type_ == "PodScheduled");
+        assert_eq!(
+            scheduled.and_then(|c| c.reason.as_deref()),
+            Some("SchedulingGated"),
+            "kubectl shows SchedulingGated for {}",
+            name(pod)
+        );
+    }
+    still_held_after(&client, &ns, "app=web", Duration::from_secs(3)).await;
+    assert_eq!(metric(&serving, "initium_gated_pods"), 20.0);
+
+    // The backing Deployment (not held: the rule matches wait=web only) becomes Available.
+    let started = Instant::now();
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &workloads::deployment("backend", 1))
+        .await
+        .unwrap();
+    workloads::ready_endpoints(&client, &ns, "backend", 1, WAIT).await;
+    let released = pods_released(&client, &ns, "app=web", 20).await;
+    eprintln!(
+        "20 Pods released {:?} after the backend was created",
+        started.elapsed()
+    );
+    for pod in &released {
+        assert_eq!(label(pod, GATED_LABEL), None, "{}", name(pod));
+    }
+    workloads::deployment_available(&client, &ns, "web", WAIT).await;
+    let running =
+        workloads::pods_running_and_ready(&client, &ns, "app=web", 20, Duration::from_secs(60))
+            .await;
+    assert!(running.iter().all(|p| node(p).is_some()));
+    let names: Vec<String> = running.iter().map(name).collect();
+    let counts = events_for_all(&client, &ns, &names, "GateReleased").await;
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+    assert_eq!(metric(&serving, "initium_gated_pods"), 0.0);
+    assert!(metric(&serving, "initium_gate_releases_total") >= 20.0);
+}
+
+#[tokio::test]
+async fn job_pods_and_object_dependencies_release_when_they_hold() {
+    let _serial = serial().await;
+    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    let client = workloads::client().await;
+    let _serving = Serving::start();
+    let ns = workloads::namespace(&client, "gate-deps").await;
+    // A custom resource whose status.phase flips, as kubernetes-entrypoint's custom-resource
+    // dependency waits for.
+    let crd = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: databases.gates.example.com}
+spec:
+  group: gates.example.com
+  scope: Namespaced
+  names: {plural: databases, singular: database, kind: Database}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+    cluster().apply(crd).unwrap_or_else(|e| panic!("{e:#}"));
+    cluster()
+        .wait_condition("crd", "databases.gates.example.com", "Established", WAIT)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let db = format!(
+        "apiVersion: gates.example.com/v1\nkind: Database\nmetadata: {{name: main, namespace: {ns}}}\nstatus: {{phase: Pending}}\n"
+    );
+    cluster().apply(&db).unwrap_or_else(|e| panic!("{e:#}"));
+
+    for (rule, wait_for) in [
+        ("job", "[{job: {name: migrate}}]"),
+        ("pods", "[{pods: {selector: {matchLabels: {app: cache}}}}]"),
+        (
+            "object",
+            "[{object: {apiVersion: gates.example.com/v1, kind: Database, name: main, conditions: [{path: '$.status.phase', equals: Ready}]}}]",
+        ),
+    ] {
+        apply_rule(&client, &ns, rule, &gate_rule(&ns, rule, wait_for, "")).await;
+        create_pod(&client, &ns, rule, json!({})).await;
+        pods_held(
+            &client,
+            &ns,
+            &format!("wait={rule}"),
+            1,
+            &gate_of(&ns, rule),
+        )
+        .await;
+    }
+    still_held_after(&client, &ns, "wait", Duration::from_secs(3)).await;
+
+    // The Job succeeds (kwok completes its Pod): only the Job's Pod is released.
+    Api::<Job>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &workloads::job("migrate", 1))
+        .await
+        .unwrap();
+    workloads::job_succeeded(&client, &ns, "migrate", WAIT).await;
+    pods_released(&client, &ns, "wait=job", 1).await;
+    still_held_after(
+        &client,
+        &ns,
+        "wait in (pods,object)",
+        Duration::from_secs(1),
+    )
+    .await;
+
+    // A Ready Pod labelled app=cache.
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &workloads::deployment("cache", 1))
+        .await
+        .unwrap();
+    workloads::pods_running_and_ready(&client, &ns, "app=cache", 1, WAIT).await;
+    pods_released(&client, &ns, "wait=pods", 1).await;
+    still_held_after(&client, &ns, "wait=object", Duration::from_secs(1)).await;
+
+    // The custom resource's phase flips.
+    cluster()
+        .apply(&db.replace("Pending", "Ready"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    pods_released(&client, &ns, "wait", 3).await;
+    workloads::pods_running_and_ready(&client, &ns, "wait", 3, WAIT).await;
+
+    // The Job is deleted (as its TTL would): a Pod created afterwards is not held by it.
+    Api::<Job>::namespaced(client.clone(), &ns)
+        .delete("migrate", &DeleteParams::background())
+        .await
+        .unwrap();
+    eventually("the Job to be gone", WAIT, || async {
+        match Api::<Job>::namespaced(client.clone(), &ns)
+            .get_opt("migrate")
+            .await
+        {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let late = create_pod(&client, &ns, "job", json!({})).await;
+    let gated_at_creation = gates(&late).iter().any(|g| g.starts_with("initium.dev/"));
+    assert!(
+        gated_at_creation,
+        "the rule still holds new Pods at creation"
+    );
+    pods_released(&client, &ns, "wait=job", 2).await;
+}
+
+#[tokio::test]
+async fn a_daemonset_dependency_narrows_node_affinity_to_its_ready_nodes() {
+    let _serial = serial().await;
+    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    let client = workloads::client().await;
+    let _serving = Serving::start();
+    let ns = workloads::namespace(&client, "gate-ds").await;
+    apply_rule(
+        &client,
+        &ns,
+        "agent",
+        &gate_rule(&ns, "agent", "[{daemonSet: {name: agent}}]", ""),
+    )
+    .await;
+    // One Pod with no affinity, one with a required term of its own (kept, narrowed).
+    create_pod(&client, &ns, "agent", json!({})).await;
+    create_pod(
+        &client,
+        &ns,
+        "agent",
+        json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "type", "operator": "In", "values": ["kwok"]}]}]
+        }}}}}),
+    )
+    .await;
+    pods_held(&client, &ns, "wait=agent", 2, &gate_of(&ns, "agent")).await;
+
+    // The agent runs on one node only.
+    let target = "kwok-node-1";
+    let ds = json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "agent", "namespace": ns},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {
+                "metadata": {"labels": {"app": "agent"}},
+                "spec": {
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [target]}]}]
+                    }}},
+                    "containers": [{"name": "agent", "image": "registry.example.com/agent:1"}]
+                }
+            }
+        }
+    });
+    cluster()
+        .apply(&serde_json::to_string(&ds).unwrap())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let released = pods_released(&client, &ns, "wait=agent", 2).await;
+    for pod in &released {
+        let terms = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .map(|r| r.node_selector_terms.clone())
+            .unwrap_or_default();
+        assert_eq!(terms.len(), 1, "Pod {}: {terms:?}", name(pod));
+        let fields = terms[0].match_fields.clone().unwrap_or_default();
+        assert!(
+            fields.iter().any(|f| f.key == "metadata.name"
+                && f.operator == "In"
+                && f.values.as_deref() == Some(&[target.to_string()][..])),
+            "Pod {}: {terms:?}",
+            name(pod)
+        );
+    }
+    let with_own_term = released
+        .iter()
+        .filter(|p| {
+            serde_json::to_string(&p.spec)
+                .unwrap()
+                .contains("\"key\":\"type\"")
+        })
+        .count();
+    assert_eq!(with_own_term, 1, "the Pod's own requirement is kept");
+    let running = workloads::pods_running_and_ready(&client, &ns, "wait=agent", 2, WAIT).await;
+    for pod in &running {
+        assert_eq!(node(pod).as_deref(), Some(target), "Pod {}", name(pod));
+    }
+}
+
+#[tokio::test]
+async fn another_controllers_gate_survives_the_release() {
+    let _serial = serial().await;
+    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    let client = workloads::client().await;
+    let _serving = Serving::start();
+    let ns = workloads::namespace(&client, "gate-foreign").await;
+    apply_rule(
+        &client,
+        &ns,
+        "web",
+        &gate_rule(&ns, "web", "[{service: {name: backend}}]", ""),
+    )
+    .await;
+    let pod = create_pod(
+        &client,
+        &ns,
+        "web",
+        json!({"spec": {"schedulingGates": [{"name": "example.com/quota"}]}}),
+    )
+    .await;
+    let pod_name = name(&pod);
+    assert_eq!(
+        gates(&pod),
+        ["example.com/quota".to_string(), gate_of(&ns, "web")]
+    );
+    Api::<Service>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &workloads::service("backend", "backend"),
+        )
+        .await
+        .unwrap();
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &workloads::deployment("backend", 1))
+        .await
+        .unwrap();
+    let released = pods_released(&client, &ns, "wait=web", 1).await;
+    assert_eq!(gates(&released[0]), ["example.com/quota".to_string()]);
+    still_held_after_foreign(&client, &ns, &pod_name).await;
+    // The other controller lifts its gate: the Pod is scheduled.
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .patch(
+            &pod_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"schedulingGates": null}})),
+        )
+        .await
+        .unwrap();
+    workloads::pods_running_and_ready(&client, &ns, "wait=web", 1, WAIT).await;
+}
+
+async fn still_held_after_foreign(client: &kube::Client, ns: &str, pod: &str) {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pod = Api::<Pod>::namespaced(client.clone(), ns)
+        .get(pod)
+        .await
+        .unwrap();
+    assert_eq!(node(&pod), None, "the foreign gate still holds the Pod");
+}
+
+#[tokio::test]
+async fn timeouts_release_or_hold_and_a_deleted_rule_releases_its_pods() {
+    let _serial = serial().await;
+    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    let client = workloads::client().await;
+    let serving = Serving::start();
+    let ns = workloads::namespace(&client, "gate-timeout").await;
+    let never = "[{service: {name: never}}]";
+    for (rule, more) in [
+        ("release", "    timeout: 6s\n    onTimeout: Release\n"),
+        ("hold", "    timeout: 6s\n    onTimeout: Hold\n"),
+        ("deleted", ""),
+    ] {
+        apply_rule(&client, &ns, rule, &gate_rule(&ns, rule, never, more)).await;
+        create_pod(&client, &ns, rule, json!({})).await;
+        pods_held(
+            &client,
+            &ns,
+            &format!("wait={rule}"),
+            1,
+            &gate_of(&ns, rule),
+        )
+        .await;
+    }
+    let released = pods_released(&client, &ns, "wait=release", 1).await;
+    let timed_out = events(&client, &ns, &name(&released[0]), "GateTimedOut").await;
+    assert_eq!(timed_out.len(), 1, "{timed_out:?}");
+    assert_eq!(timed_out[0].type_.as_deref(), Some("Warning"));
+    workloads::pods_running_and_ready(&client, &ns, "wait=release", 1, WAIT).await;
+
+    // Hold: the Pod keeps its gate past the timeout, with a Warning saying so.
+    let held = workloads::pods(&client, &ns, "wait=hold").await.unwrap();
+    let hold_pod = name(&held[0]);
+    eventually("a GateTimedOut Event for the Hold Pod", WAIT, || async {
+        let found = events(&client, &ns, &hold_pod, "GateTimedOut").await;
+        if found.is_empty() {
+            Err("none yet".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    still_held_after(&client, &ns, "wait=hold", Duration::from_secs(3)).await;
+    assert!(metric(&serving, "initium_gate_timeouts_total") >= 2.0);
+
+    // Deleting a rule releases the Pods it holds.
+    cluster()
+        .kubectl()
+        .args(["delete", "mutationrule", "deleted", "-n", &ns])
+        .output()
+        .unwrap();
+    let released = pods_released(&client, &ns, "wait=deleted", 1).await;
+    assert_eq!(
+        events(&client, &ns, &name(&released[0]), "GateRuleGone")
+            .await
+            .len(),
+        1
+    );
+    still_held_after(&client, &ns, "wait=hold", Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn a_leader_killed_mid_wave_loses_no_release_and_writes_no_pod_twice() {
+    let _serial = serial().await;
+    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    let client = workloads::client().await;
+    let mut first = Serving::start_with(&["--identity", "replica-a"]);
+    let mut second = first.replica(&["--identity", "replica-b"]);
+    let ns = workloads::namespace(&client, "gate-leader").await;
+    apply_rule(
+        &client,
+        &ns,
+        "web",
+        &gate_rule(&ns, "web", "[{service: {name: backend}}]", ""),
+    )
+    .await;
+    Api::<Service>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &workloads::service("backend", "backend"),
+        )
+        .await
+        .unwrap();
+    create_deployment(&client, &ns, "web", 40, "web").await;
+    pods_held(&client, &ns, "app=web", 40, &gate_of(&ns, "web")).await;
+    let lease = first.name.clone();
+    let holder = eventually("a Lease holder", WAIT, || async {
+        let output = cluster()
+            .kubectl()
+            .args(["get", "lease", &lease, "-n", &lease])
+            .args(["-o", "jsonpath={.spec.holderIdentity}"])
+            .output()
+            .map_err(|e| e.to_string())?;
+        match String::from_utf8_lossy(&output.stdout).trim() {
+            h @ ("replica-a" | "replica-b") => Ok(h.to_string()),
+            other => Err(format!("holder {other:?}")),
+        }
+    })
+    .await;
+    eprintln!("Lease held by {holder}");
+
+    // The dependency becomes ready, and the Lease holder dies as the wave starts.
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &workloads::deployment("backend", 1))
+        .await
+        .unwrap();
+    workloads::ready_endpoints(&client, &ns, "backend", 1, WAIT).await;
+    let started = Instant::now();
+    eventually("the first release of the wave", WAIT, || async {
+        let pods = workloads::pods(&client, &ns, "app=web")
+            .await
+            .map_err(|e| e.to_string())?;
+        let released = pods
+            .iter()
+            .filter(|p| !gates(p).iter().any(|g| g.starts_with("initium.dev/")))
+            .count();
+        if released > 0 {
+            Ok(())
+        } else {
+            Err("none released".into())
+        }
+    })
+    .await;
+    if holder == "replica-a" {
+        first.kill();
+    } else {
+        second.kill();
+    }
+    let at_kill: BTreeSet<String> = workloads::pods(&client, &ns, "app=web")
+        .await
+        .unwrap()
+        .iter()
+        .filter(|p| !gates(p).iter().any(|g| g.starts_with("initium.dev/")))
+        .map(name)
+        .collect();
+    eprintln!(
+        "killed a replica {:?} into the wave, {} of 40 released by then",
+        started.elapsed(),
+        at_kill.len()
+    );
+    let released = pods_released(&client, &ns, "app=web", 40).await;
+    eprintln!("all 40 released {:?} after the kill", started.elapsed());
+    let names: Vec<String> = released.iter().map(name).collect();
+    let counts = events_for_all(&client, &ns, &names, "GateReleased").await;
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "released more than once: {twice:?}");
+    workloads::deployment_available(&client, &ns, "web", WAIT).await;
+}
+
+#[tokio::test]
+async fn a_mutation_rule_cannot_wait_on_another_namespace() {
+    let _serial = serial().await;
+    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    let client = workloads::client().await;
+    let _serving = Serving::start();
+    let ns = workloads::namespace(&client, "gate-isolation").await;
+    let rule = gate_rule(
+        &ns,
+        "reach",
+        "[{service: {name: db, namespace: kube-system}}]",
+        "",
+    );
+    let (applied, stderr) = kubectl_apply(&rule);
+    assert!(!applied, "applied: {stderr}");
+    assert!(
+        stderr.contains("spec.gate.waitFor[0].service.namespace")
+            && stderr.contains("may only wait on objects in its own namespace"),
+        "{stderr}"
+    );
+    // A rule whose Pods would wait on themselves is refused too.
+    let self_wait = gate_rule(
+        &ns,
+        "self",
+        "[{pods: {selector: {matchLabels: {wait: self}}}}]",
+        "",
+    );
+    let (applied, stderr) = kubectl_apply(&self_wait);
+    assert!(
+        !applied && stderr.contains("would wait on themselves"),
+        "{stderr}"
+    );
+    // A long timeout is accepted with a warning about Deployment progress deadlines.
+    let long = gate_rule(&ns, "long", "[{service: {name: db}}]", "    timeout: 15m\n");
+    let (applied, stderr) = kubectl_apply(&long);
+    assert!(applied, "{stderr}");
+    assert!(stderr.contains("progress deadline"), "{stderr}");
+}

@@ -1,0 +1,141 @@
+//! `initium serve` beside the whole cluster of [`super::workloads`], with webhook
+//! configurations and a Lease of its own name (so a test binary's tests do not meet each
+//! other's), and rules applied and waited for until Ready.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube::api::Api;
+
+use initium::api::{ClusterMutationRule, MutationRule};
+
+use super::process::{Initium, InitiumOptions};
+use super::unique;
+use super::wait::eventually;
+use super::workloads::cluster;
+
+/// One `initium serve` process with webhook configurations and a Lease of its own name.
+/// Dropping it stops the process and deletes its webhook configurations: a configuration
+/// left behind would point at a dead port, and its validating webhook (failure policy Fail)
+/// would reject every rule the next test creates.
+pub struct Serving {
+    pub initium: Initium,
+    pub name: String,
+    log: PathBuf,
+}
+
+impl Serving {
+    pub fn start() -> Serving {
+        Serving::start_with(&[])
+    }
+
+    /// [`Serving::start`] with more `initium serve` flags.
+    pub fn start_with(extra: &[&str]) -> Serving {
+        let name = unique("initium-cluster");
+        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.log"));
+        let initium = Initium::start(cluster(), Serving::options(&name, &log, extra))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        Serving { initium, name, log }
+    }
+
+    /// A second replica of the same deployment: the same namespace, webhook configurations
+    /// and Lease, its own ports and log.
+    pub fn replica(&self, extra: &[&str]) -> Initium {
+        let log = self.log.with_extension("replica.log");
+        Initium::start(cluster(), Serving::options(&self.name, &log, extra))
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    fn options(name: &str, log: &std::path::Path, extra: &[&str]) -> InitiumOptions {
+        let mut args: Vec<String> = ["--webhook-name", name, "--lease-name", name]
+            .map(String::from)
+            .to_vec();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        InitiumOptions {
+            namespace: name.to_owned(),
+            extra: args,
+            cpus: None,
+            log: log.to_owned(),
+        }
+    }
+
+    /// SIGKILL, as a crash would end it: its webhook configurations stay registered.
+    pub fn kill(&mut self) {
+        self.initium.kill();
+    }
+
+    /// Starts it again on the ports it had (so the registered configuration reaches it, with
+    /// the CA it keeps in its Secret) and waits until it is ready.
+    pub fn restart(&mut self) {
+        let (webhook, ops): (SocketAddr, SocketAddr) = (self.initium.webhook, self.initium.ops);
+        let options = Serving::options(&self.name, &self.log, &[]);
+        self.initium =
+            Initium::spawn(cluster(), &options, webhook, ops).unwrap_or_else(|e| panic!("{e:#}"));
+        self.initium
+            .wait_ready(Duration::from_secs(180))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.initium.kill();
+        for kind in [
+            "mutatingwebhookconfiguration",
+            "validatingwebhookconfiguration",
+        ] {
+            let _ = cluster()
+                .kubectl()
+                .args(["delete", kind, &self.name, "--ignore-not-found"])
+                .output();
+        }
+    }
+}
+
+/// Applies a rule and waits until its status says the current generation is Ready.
+pub async fn apply_rule(client: &kube::Client, namespace: &str, name: &str, yaml: &str) {
+    cluster().apply(yaml).unwrap_or_else(|e| panic!("{e:#}"));
+    let rules: Api<MutationRule> = Api::namespaced(client.clone(), namespace);
+    eventually(
+        &format!("MutationRule {namespace}/{name} to be Ready"),
+        Duration::from_secs(60),
+        || async {
+            let rule = rules.get(name).await.map_err(|e| e.to_string())?;
+            let status = serde_json::to_value(&rule.status).map_err(|e| e.to_string())?;
+            ready_for(&status, rule.metadata.generation)
+        },
+    )
+    .await;
+}
+
+/// Applies a ClusterMutationRule and waits until its status says the current generation is
+/// Ready.
+pub async fn apply_cluster_rule(client: &kube::Client, name: &str, yaml: &str) {
+    cluster().apply(yaml).unwrap_or_else(|e| panic!("{e:#}"));
+    let rules: Api<ClusterMutationRule> = Api::all(client.clone());
+    eventually(
+        &format!("ClusterMutationRule {name} to be Ready"),
+        Duration::from_secs(60),
+        || async {
+            let rule = rules.get(name).await.map_err(|e| e.to_string())?;
+            let status = serde_json::to_value(&rule.status).map_err(|e| e.to_string())?;
+            ready_for(&status, rule.metadata.generation)
+        },
+    )
+    .await;
+}
+
+/// Whether `status` says generation `generation` is Ready.
+fn ready_for(status: &serde_json::Value, generation: Option<i64>) -> Result<(), String> {
+    let ready = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    if ready && status["observedGeneration"].as_i64() == generation {
+        Ok(())
+    } else {
+        Err(format!("generation {generation:?}, status {status}"))
+    }
+}
