@@ -815,10 +815,27 @@ pub fn rule(rng: &mut Rng, index: usize) -> Value {
     };
     spec.insert("mutations".into(), json!(mutations));
     if rng.chance(3) {
+        let dependencies = [
+            json!({"service": {"name": "db"}}),
+            json!({"job": {"name": "migrate", "namespace": "shop"}}),
+            json!({"pods": {"selector": {"matchLabels": {"app": "db"}}}}),
+            json!({"daemonSet": {"name": "agent"}}),
+            json!({"object": {"apiVersion": "example.com/v1", "kind": "Db", "name": "x",
+                              "conditions": [condition(rng)]}}),
+            json!({"service": {"name": "db"}, "job": {"name": "both"}}),
+        ];
+        let wait_for: Vec<Value> = (0..rng.range(0, 3))
+            .map(|_| dependencies[rng.range(0, dependencies.len() - 1)].clone())
+            .collect();
         spec.insert(
             "gate".into(),
-            json!({"waitFor": [{"service": {"name": "db"}}], "timeout": rng.pick(&["30s", "10m", "x", "-1s"])}),
+            json!({"waitFor": wait_for, "timeout": rng.pick(&["30s", "10m", "x", "-1s", "0s"]),
+                   "onTimeout": rng.pick(&["Release", "Hold"])}),
         );
+        if rng.chance(2) {
+            // A gate rule may have no mutations.
+            spec.insert("mutations".into(), json!([]));
+        }
     }
     if rng.chance(3) {
         spec.insert("bogusField".into(), json!(1));
