@@ -57,6 +57,7 @@
 pub mod certificates;
 pub mod discovery;
 pub(crate) mod duty;
+pub(crate) mod gate;
 pub mod leader;
 pub mod namespaces;
 pub mod rules;
@@ -289,10 +290,17 @@ pub async fn run(
     duties.start(rules::Rules::new(
         client.clone(),
         shared.clone(),
-        readiness,
+        readiness.clone(),
         served_rx,
         snapshot_tx,
         needs_tx,
+    ));
+    duties.start(gate::Gates::new(
+        client.clone(),
+        shared.clone(),
+        readiness.clone(),
+        snapshot_rx.clone(),
+        leader.clone(),
     ));
     duties.start(status::Status::new(
         client.clone(),
@@ -376,6 +384,7 @@ impl Readiness {
     pub(crate) const CLUSTER_RULES: &'static str = "ClusterMutationRules";
     pub(crate) const RULES: &'static str = "MutationRules";
     pub(crate) const DISCOVERY: &'static str = "discovery";
+    pub(crate) const GATED_PODS: &'static str = "gated Pods";
 
     fn new(shared: Arc<Shared>) -> Readiness {
         Readiness {
@@ -385,6 +394,7 @@ impl Readiness {
                 Self::CLUSTER_RULES,
                 Self::RULES,
                 Self::DISCOVERY,
+                Self::GATED_PODS,
             ]),
         }
     }
@@ -396,7 +406,7 @@ impl Readiness {
         pending.retain(|p| *p != part);
         if before > 0 && pending.is_empty() {
             self.shared.mark_synced();
-            tracing::info!("rules, Namespaces and discovery are synced: ready");
+            tracing::info!("rules, Namespaces, discovery and gated Pods are synced: ready");
         }
     }
 }
