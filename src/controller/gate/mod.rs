@@ -45,7 +45,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use self::release::{Done, Outcome, Plan};
-use self::state::{GatedPod, Gates as GateRules, PodEvent, PodKey, Reason, Verdict, Waiting, World};
+use self::state::{
+    GatedPod, Gates as GateRules, PodEvent, PodKey, Reason, Verdict, Waiting, World,
+};
 use self::watch::{KindEvent, KindUpdate, Watches};
 use super::duty::{Context, Duty};
 use super::rules::Snapshot;
@@ -332,8 +334,7 @@ impl Run<'_> {
                     .get(&key)
                     .and_then(|r| r.trigger)
                     .or(ready.then_some(received));
-                self.releasable
-                    .insert(key, Releasable { verdict, trigger });
+                self.releasable.insert(key, Releasable { verdict, trigger });
             } else {
                 self.releasable.remove(&key);
             }
@@ -409,9 +410,7 @@ impl Run<'_> {
                 }
                 if let Some(created) = plan.pod.created {
                     let waited = Timestamp::now().duration_since(created);
-                    metrics
-                        .gate_wait
-                        .observe(waited.as_secs_f64().max(0.0));
+                    metrics.gate_wait.observe(waited.as_secs_f64().max(0.0));
                 }
                 if let Some(trigger) = plan.trigger
                     && plan.releases.iter().any(|r| r.reason == Reason::Ready)

@@ -49,10 +49,14 @@ impl Plan {
 #[derive(Debug)]
 pub(crate) enum Outcome {
     /// Written over this resourceVersion.
-    Released { over: String },
+    Released {
+        over: String,
+    },
     /// The Pod no longer has the gates (released by an earlier write, perhaps by another
     /// replica); seen at this resourceVersion.
-    AlreadyReleased { at: String },
+    AlreadyReleased {
+        at: String,
+    },
     /// The Pod is gone (404, or another Pod under the same name).
     Gone,
     /// Every attempt met a 409.

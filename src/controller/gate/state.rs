@@ -122,13 +122,27 @@ pub(crate) struct ObjectKind {
 /// re-judges only the Pods waiting on it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum DepKey {
-    Service { namespace: String, name: String },
-    Job { namespace: String, name: String },
+    Service {
+        namespace: String,
+        name: String,
+    },
+    Job {
+        namespace: String,
+        name: String,
+    },
     /// Ready Pods in a namespace (any selector).
-    Pods { namespace: String },
-    DaemonSet { namespace: String, name: String },
+    Pods {
+        namespace: String,
+    },
+    DaemonSet {
+        namespace: String,
+        name: String,
+    },
     /// An object by kind and name (namespace left out: cluster-scoped objects have none).
-    Object { kind: ObjectKind, name: String },
+    Object {
+        kind: ObjectKind,
+        name: String,
+    },
 }
 
 impl DepKey {
@@ -485,10 +499,18 @@ impl World {
 
     fn remove(&mut self, kind: &WatchKind, fact: &Fact) -> Vec<DepKey> {
         match (kind, fact) {
-            (WatchKind::EndpointSlices, Fact::Slice { namespace, name, .. }) => {
-                self.remove_slice(&(namespace.clone(), name.clone()))
-            }
-            (WatchKind::Jobs, Fact::Job { namespace, name, .. }) => {
+            (
+                WatchKind::EndpointSlices,
+                Fact::Slice {
+                    namespace, name, ..
+                },
+            ) => self.remove_slice(&(namespace.clone(), name.clone())),
+            (
+                WatchKind::Jobs,
+                Fact::Job {
+                    namespace, name, ..
+                },
+            ) => {
                 // The memory of a success stays (a Job with a TTL is deleted once done).
                 match self.jobs.remove(&(namespace.clone(), name.clone())) {
                     Some(_) => vec![DepKey::Job {
@@ -498,18 +520,24 @@ impl World {
                     None => Vec::new(),
                 }
             }
-            (WatchKind::Pods, Fact::Pod { namespace, name, .. }) => {
-                self.remove_pod(namespace, name)
-            }
-            (WatchKind::DaemonSets, Fact::DaemonSet { namespace, name, .. }) => {
-                match self.daemon_sets.remove(&(namespace.clone(), name.clone())) {
-                    Some(_) => vec![DepKey::DaemonSet {
-                        namespace: namespace.clone(),
-                        name: name.clone(),
-                    }],
-                    None => Vec::new(),
-                }
-            }
+            (
+                WatchKind::Pods,
+                Fact::Pod {
+                    namespace, name, ..
+                },
+            ) => self.remove_pod(namespace, name),
+            (
+                WatchKind::DaemonSets,
+                Fact::DaemonSet {
+                    namespace, name, ..
+                },
+            ) => match self.daemon_sets.remove(&(namespace.clone(), name.clone())) {
+                Some(_) => vec![DepKey::DaemonSet {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                }],
+                None => Vec::new(),
+            },
             (
                 WatchKind::Object(k),
                 Fact::Object {
@@ -1005,7 +1033,10 @@ impl Waiting {
                 for key in gone {
                     self.remove(&key);
                 }
-                listed.into_iter().filter_map(|pod| self.upsert(pod)).collect()
+                listed
+                    .into_iter()
+                    .filter_map(|pod| self.upsert(pod))
+                    .collect()
             }
             PodEvent::Apply(pod) => self.upsert(pod).into_iter().collect(),
             PodEvent::Delete(key) => {
