@@ -286,6 +286,7 @@ impl Duty for Gates {
             }
             if run.synced {
                 run.judge(dirty, received);
+                run.sync_watches();
             }
             run.shared
                 .metrics
@@ -342,6 +343,10 @@ impl Run<'_> {
         if self.leader.is_leader() {
             self.publish_held();
         }
+    }
+
+    /// Starts and stops dependency watches to match what the waiting Pods need now.
+    fn sync_watches(&mut self) {
         for kind in self.watches.sync(&self.waiting.needed_kinds()) {
             self.world.forget(&kind);
         }
