@@ -102,7 +102,7 @@ fn a_gate_waits_for_its_service_then_is_released_with_its_dependencies_named() {
         RuleId::namespaced(NS, "wait-db"),
         json!({"waitFor": [{"service": {"name": "db"}}], "timeout": "60s"}),
     );
-    let gates = gates(&[r.clone()]);
+    let gates = gates(std::slice::from_ref(&r));
     let gate = gate_of(&r);
     let p = pod("web-1", &[&gate]);
     let mut world = World::default();
@@ -279,7 +279,7 @@ fn a_job_seen_succeeded_stays_satisfied_after_it_is_deleted() {
         RuleId::namespaced(NS, "after-init"),
         json!({"waitFor": [{"job": {"name": "init"}}]}),
     );
-    let gates = gates(&[r.clone()]);
+    let gates = gates(std::slice::from_ref(&r));
     let p = pod("web-1", &[&gate_of(&r)]);
     let mut world = World::default();
     let jobs = WatchKind::Jobs;
@@ -311,7 +311,7 @@ fn pods_dependencies_count_ready_pods_matching_the_selector_in_the_namespace() {
         RuleId::namespaced(NS, "after-db"),
         json!({"waitFor": [{"pods": {"selector": {"matchLabels": {"app": "db"}}}}]}),
     );
-    let gates = gates(&[r.clone()]);
+    let gates = gates(std::slice::from_ref(&r));
     let p = pod("web-1", &[&gate_of(&r)]);
     let mut world = World::default();
     let holds = |w: &World| judge(&p, &gates, w, &BTreeSet::new(), ts(1)).is_release();
@@ -364,7 +364,7 @@ fn object_dependencies_hold_when_their_conditions_do() {
             "namespace": "infra", "conditions": [{"path": "$.status.phase", "equals": "Ready"}]}},
             {"object": {"apiVersion": "example.com/v1", "kind": "Zone", "name": "z"}}]}),
     );
-    let gates = gates(&[r.clone()]);
+    let gates = gates(std::slice::from_ref(&r));
     let p = pod("web-1", &[&gate_of(&r)]);
     let foo = ObjectKind {
         api_version: "example.com/v1".into(),
@@ -428,7 +428,7 @@ fn a_daemon_set_dependency_narrows_to_the_nodes_where_it_is_ready() {
         RuleId::cluster("same-node"),
         json!({"waitFor": [{"daemonSet": {"name": "agent"}}]}),
     );
-    let gates = gates(&[r.clone()]);
+    let gates = gates(std::slice::from_ref(&r));
     let p = pod("web-1", &[&gate_of(&r)]);
     let mut world = World::default();
     let ds_key = DepKey::DaemonSet {
@@ -674,7 +674,10 @@ fn the_reverse_index_finds_the_pods_a_change_concerns_and_the_kinds_to_watch() {
         waiting.affected(&[service_key("db")]),
         vec![a.key.clone(), b.key.clone()]
     );
-    assert_eq!(waiting.affected(&[job.clone()]), vec![a.key.clone()]);
+    assert_eq!(
+        waiting.affected(std::slice::from_ref(&job)),
+        vec![a.key.clone()]
+    );
     assert!(waiting.affected(&[service_key("other")]).is_empty());
     assert_eq!(
         waiting.needed_kinds(),
