@@ -125,6 +125,31 @@ fn admission_histogram() -> Histogram {
     Histogram::new(ADMISSION_BUCKETS)
 }
 
+/// Bucket bounds of `initium_gate_release_latency_seconds` (the last dependency became ready →
+/// the release written): 1 ms to 60 s, finely.
+pub const GATE_RELEASE_BUCKETS: [f64; 17] = [
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0,
+    60.0,
+];
+
+/// Bucket bounds of `initium_gate_wait_seconds` (Pod created → gate removed): 100 ms to an
+/// hour.
+pub const GATE_WAIT_BUCKETS: [f64; 14] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
+/// The `on_timeout` label of `initium_gate_timeouts_total`: `Release` or `Hold`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OnTimeoutLabels {
+    pub on_timeout: &'static str,
+}
+
+/// The `reason` label of `initium_gate_releases_total`: `ready`, `timeout` or `rule_gone`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReleaseLabels {
+    pub reason: &'static str,
+}
+
 /// Every metric initium exports.
 pub struct Metrics {
     registry: Registry,
@@ -147,6 +172,19 @@ pub struct Metrics {
     pub duty_restarts: Family<DutyLabels, Counter>,
     /// When the serving certificate expires (its notAfter), in seconds since the Unix epoch.
     pub certificate_expiry: Gauge,
+    // The gate controller.
+    /// Pods waiting on an initium gate now (every replica counts them).
+    pub gated_pods: Gauge,
+    /// Pod created → its gates removed (one observation per release write).
+    pub gate_wait: Histogram,
+    /// The watch event that made the last dependency ready → the release written.
+    pub gate_release_latency: Histogram,
+    /// Gates that timed out, by `on_timeout`.
+    pub gate_timeouts: Family<OnTimeoutLabels, Counter>,
+    /// Release writes that met a 409 (a stale view of the Pod).
+    pub gate_write_conflicts: Counter,
+    /// Gates removed, by reason.
+    pub gate_releases: Family<ReleaseLabels, Counter>,
 }
 
 /// The `duty` label: the name of a controller duty (a fixed set, see `controller::duty`).
@@ -212,6 +250,43 @@ impl Default for Metrics {
             "When the serving certificate expires (notAfter), in seconds since the Unix epoch",
             certificate_expiry.clone(),
         );
+        // The gate controller.
+        let gated_pods = Gauge::default();
+        let gate_wait = Histogram::new(GATE_WAIT_BUCKETS);
+        let gate_release_latency = Histogram::new(GATE_RELEASE_BUCKETS);
+        let gate_timeouts = Family::<OnTimeoutLabels, Counter>::default();
+        let gate_write_conflicts = Counter::default();
+        let gate_releases = Family::<ReleaseLabels, Counter>::default();
+        registry.register(
+            "gated_pods",
+            "Pods waiting on an initium scheduling gate now",
+            gated_pods.clone(),
+        );
+        registry.register(
+            "gate_wait_seconds",
+            "Time from a gated Pod's creation to the removal of its gates",
+            gate_wait.clone(),
+        );
+        registry.register(
+            "gate_release_latency_seconds",
+            "Time from the watch event that made a gate's last dependency ready to the release written",
+            gate_release_latency.clone(),
+        );
+        registry.register(
+            "gate_timeouts",
+            "Gates that timed out, by onTimeout (Release or Hold)",
+            gate_timeouts.clone(),
+        );
+        registry.register(
+            "gate_write_conflicts",
+            "Release writes that met a conflict (409) and read the Pod again",
+            gate_write_conflicts.clone(),
+        );
+        registry.register(
+            "gate_releases",
+            "Scheduling gates removed, by reason (ready, timeout, rule_gone)",
+            gate_releases.clone(),
+        );
         Metrics {
             registry,
             admission_duration,
@@ -223,6 +298,12 @@ impl Default for Metrics {
             duty_failures,
             duty_restarts,
             certificate_expiry,
+            gated_pods,
+            gate_wait,
+            gate_release_latency,
+            gate_timeouts,
+            gate_write_conflicts,
+            gate_releases,
         }
     }
 }
@@ -248,6 +329,20 @@ impl Metrics {
         self.duty_restarts
             .get_or_create(&DutyLabels { duty: duty.into() })
             .clone()
+    }
+
+    /// Counts one gate removed for `reason` (`ready`, `timeout`, `rule_gone`).
+    pub fn gate_released(&self, reason: &'static str) {
+        self.gate_releases
+            .get_or_create(&ReleaseLabels { reason })
+            .inc();
+    }
+
+    /// Counts one gate timed out (`on_timeout`: `Release` or `Hold`).
+    pub fn gate_timed_out(&self, on_timeout: &'static str) {
+        self.gate_timeouts
+            .get_or_create(&OnTimeoutLabels { on_timeout })
+            .inc();
     }
 
     pub fn set_rule_counts(&self, ready: i64, invalid: i64) {

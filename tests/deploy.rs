@@ -138,6 +138,19 @@ fn the_service_account_may_do_what_initium_does_and_nothing_more() {
             "initium-system",
         ],
         &["create", "secrets", "-n", "initium-system"],
+        // Gates.
+        &["watch", "pods", "--all-namespaces"],
+        &["patch", "pods", "-n", "team"],
+        &["get", "pods", "-n", "team"],
+        &[
+            "watch",
+            "endpointslices.discovery.k8s.io",
+            "--all-namespaces",
+        ],
+        &["watch", "jobs.batch", "--all-namespaces"],
+        &["watch", "daemonsets.apps", "--all-namespaces"],
+        &["create", "events.events.k8s.io", "-n", "team"],
+        &["patch", "events.events.k8s.io", "-n", "team"],
     ] {
         assert!(
             can(allowed),
@@ -154,6 +167,10 @@ fn the_service_account_may_do_what_initium_does_and_nothing_more() {
         ],
         &["update", "mutationrules.initium.dev", "-n", "team"],
         &["delete", "namespaces"],
+        &["delete", "pods", "-n", "team"],
+        &["update", "pods", "-n", "team"],
+        &["patch", "jobs.batch", "-n", "team"],
+        &["patch", "daemonsets.apps", "-n", "team"],
     ] {
         assert!(
             !can(denied),

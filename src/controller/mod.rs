@@ -1,33 +1,38 @@
 //! Everything in `initium serve` that talks to the API server.
 //!
 //! Every replica watches the rules (compiling them into the index the webhook reads), the
-//! Namespaces (for `namespaceSelector`) and discovery (which kinds exist), and keeps its TLS
-//! certificate current. One replica at a time, the holder of a Lease, also writes: rule
-//! status, the webhook configurations and renewals of the self-managed certificate.
+//! Namespaces (for `namespaceSelector`), discovery (which kinds exist) and the gated Pods with
+//! what they wait on, and keeps its TLS certificate current. One replica at a time, the
+//! holder of a Lease, also writes: rule status, the webhook configurations, renewals of the
+//! self-managed certificate and the release of gated Pods.
 //!
-//! Each of these is a **duty**: one file, one type implementing `duty::Duty` (its state, and
-//! a `run` that works until shutdown). [`run`] starts them all through one supervisor
-//! (`duty.rs`), which restarts a duty that fails with backoff, counts its failures in
-//! `initium_duty_failures_total{duty}` and its restarts in `initium_duty_restarts_total{duty}`,
-//! and stops the controller when a duty cannot go on (an invalid configuration, or failing
-//! again and again). Failures a duty retries in place go through the same `duty::Backoff`, so
-//! they are logged with the duty's name and counted too.
+//! Each of these is a **duty**: one file (or folder), one type implementing `duty::Duty` (its
+//! state, and a `run` that works until shutdown). [`run`] starts them all through one
+//! supervisor (`duty.rs`), which restarts a duty that fails with backoff, counts its failures
+//! in `initium_duty_failures_total{duty}` and its restarts in
+//! `initium_duty_restarts_total{duty}`, and stops the controller when a duty cannot go on (an
+//! invalid configuration, or failing again and again). Failures a duty retries in place go
+//! through the same `duty::Backoff`, so they are logged with the duty's name and counted too.
 //!
 //! - [`leader`]: the Lease that elects the writer, and the `initium_leader` gauge.
 //! - [`rules`]: watch both rule kinds, compile, swap the index, decide which rules are Ready.
 //! - [`namespaces`]: watch Namespace labels.
+//! - `gate` (folder): the gate controller. Watches the gated Pods and, per kind, what they
+//!   wait on; releases initium's scheduling gates (leader only) when the dependencies hold,
+//!   on timeout, or when the rule is gone. `state.rs` is its pure half (reverse index,
+//!   decisions, the release patch), `watch.rs` the dependency watches, `release.rs` the write.
 //! - [`discovery`]: which kinds the API server serves, and which initium never intercepts.
 //! - [`status`]: the `Ready` condition of every rule.
 //! - [`webhooks`]: the MutatingWebhookConfiguration and ValidatingWebhookConfiguration.
 //! - [`certificates`]: keeps the serving certificate and caBundle current ([`crate::tls`]
 //!   loads and reloads them), and the `initium_certificate_expiry_timestamp_seconds` gauge.
 //!
-//! **Adding a duty** (the gate controller next): write `src/controller/gate.rs` with a type
+//! **Adding a duty**: write `src/controller/<duty>.rs` (or a folder, as `gate/`) with a type
 //! that implements `duty::Duty` (`const NAME: &str = "gates"` and `async fn run(&mut self,
 //! context: Context)`, returning `Ok(())` once `context.stop` is set; failures retried in
 //! place go through `context.backoff(first, max)`), then add one line to [`run`]:
-//! `duties.start(gate::Gates::new(...));`. It is supervised, restarted and measured like
-//! the others.
+//! `duties.start(<duty>::<Type>::new(...));`. It is supervised, restarted and measured
+//! like the others.
 //!
 //! Wiring (what `initium serve` does):
 //!
@@ -57,6 +62,7 @@
 pub mod certificates;
 pub mod discovery;
 pub(crate) mod duty;
+pub(crate) mod gate;
 pub mod leader;
 pub mod namespaces;
 pub mod rules;
@@ -289,10 +295,17 @@ pub async fn run(
     duties.start(rules::Rules::new(
         client.clone(),
         shared.clone(),
-        readiness,
+        readiness.clone(),
         served_rx,
         snapshot_tx,
         needs_tx,
+    ));
+    duties.start(gate::Gates::new(
+        client.clone(),
+        shared.clone(),
+        readiness.clone(),
+        snapshot_rx.clone(),
+        leader.clone(),
     ));
     duties.start(status::Status::new(
         client.clone(),
@@ -376,6 +389,7 @@ impl Readiness {
     pub(crate) const CLUSTER_RULES: &'static str = "ClusterMutationRules";
     pub(crate) const RULES: &'static str = "MutationRules";
     pub(crate) const DISCOVERY: &'static str = "discovery";
+    pub(crate) const GATED_PODS: &'static str = "gated Pods";
 
     fn new(shared: Arc<Shared>) -> Readiness {
         Readiness {
@@ -385,6 +399,7 @@ impl Readiness {
                 Self::CLUSTER_RULES,
                 Self::RULES,
                 Self::DISCOVERY,
+                Self::GATED_PODS,
             ]),
         }
     }
@@ -396,7 +411,7 @@ impl Readiness {
         pending.retain(|p| *p != part);
         if before > 0 && pending.is_empty() {
             self.shared.mark_synced();
-            tracing::info!("rules, Namespaces and discovery are synced: ready");
+            tracing::info!("rules, Namespaces, discovery and gated Pods are synced: ready");
         }
     }
 }

@@ -1,0 +1,794 @@
+use super::*;
+use crate::api::RuleSpec;
+use crate::engine::compile;
+use k8s_openapi::api::core::v1::PreferredSchedulingTerm;
+
+const NS: &str = "shop";
+
+fn rule(id: RuleId, gate: Value) -> Arc<crate::engine::CompiledRule> {
+    let spec: RuleSpec = serde_json::from_value(json!({
+        "match": {"kinds": ["Pod"], "labels": {"matchLabels": {"app": "web"}}},
+        "gate": gate,
+    }))
+    .unwrap();
+    Arc::new(compile(id, &spec).unwrap())
+}
+
+fn gates(rules: &[Arc<crate::engine::CompiledRule>]) -> Gates {
+    Gates::of(&RuleIndex::shared(rules.to_vec()))
+}
+
+fn gate_of(rule: &crate::engine::CompiledRule) -> String {
+    rule.gate().unwrap().name.clone()
+}
+
+fn ts(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + secs).unwrap()
+}
+
+fn pod(name: &str, gates: &[&str]) -> GatedPod {
+    GatedPod {
+        key: PodKey {
+            namespace: NS.into(),
+            name: name.into(),
+        },
+        uid: format!("uid-{name}"),
+        resource_version: "10".into(),
+        created: Some(ts(0)),
+        gates: gates.iter().map(|g| g.to_string()).collect(),
+        labeled: true,
+        node_affinity: None,
+    }
+}
+
+fn slice(service: &str, slice: &str, ready: usize) -> Fact {
+    Fact::Slice {
+        namespace: NS.into(),
+        name: slice.into(),
+        service: Some(service.into()),
+        ready,
+    }
+}
+
+fn job(name: &str, uid: &str, succeeded: bool) -> Fact {
+    Fact::Job {
+        namespace: NS.into(),
+        name: name.into(),
+        uid: uid.into(),
+        succeeded,
+    }
+}
+
+fn ready_pod(name: &str, labels: &[(&str, &str)], node: &str, ds: Option<(&str, &str)>) -> Fact {
+    Fact::Pod {
+        namespace: NS.into(),
+        name: name.into(),
+        ready: true,
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        node: Some(node.into()),
+        daemon_set: ds.map(|(n, u)| (n.into(), u.into())),
+    }
+}
+
+fn listed(world: &mut World, kind: WatchKind, facts: Vec<Fact>) -> Vec<DepKey> {
+    world.apply(&kind, Update::Init);
+    for fact in facts {
+        world.apply(&kind, Update::InitApply(fact));
+    }
+    world.apply(&kind, Update::InitDone)
+}
+
+fn service_key(name: &str) -> DepKey {
+    DepKey::Service {
+        namespace: NS.into(),
+        name: name.into(),
+    }
+}
+
+fn reasons(verdict: &Verdict) -> Vec<(&str, Reason)> {
+    verdict
+        .release
+        .iter()
+        .map(|r| (r.gate.as_str(), r.reason))
+        .collect()
+}
+
+#[test]
+fn a_gate_waits_for_its_service_then_is_released_with_its_dependencies_named() {
+    let r = rule(
+        RuleId::namespaced(NS, "wait-db"),
+        json!({"waitFor": [{"service": {"name": "db"}}], "timeout": "60s"}),
+    );
+    let gates = gates(std::slice::from_ref(&r));
+    let gate = gate_of(&r);
+    let p = pod("web-1", &[&gate]);
+    let mut world = World::default();
+
+    let waiting = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
+    assert!(!waiting.is_release());
+    assert_eq!(waiting.deadline, Some(ts(60)));
+    assert_eq!(waiting.keys, BTreeSet::from([service_key("db")]));
+
+    // A slice with no ready endpoint is not enough.
+    let dirty = world.apply(
+        &WatchKind::EndpointSlices,
+        Update::Apply(slice("db", "db-a", 0)),
+    );
+    assert_eq!(dirty, vec![service_key("db")]);
+    assert!(!judge(&p, &gates, &world, &BTreeSet::new(), ts(2)).is_release());
+
+    world.apply(
+        &WatchKind::EndpointSlices,
+        Update::Apply(slice("db", "db-b", 1)),
+    );
+    let ready = judge(&p, &gates, &world, &BTreeSet::new(), ts(3));
+    assert_eq!(reasons(&ready), [(gate.as_str(), Reason::Ready)]);
+    assert_eq!(ready.release[0].dependencies, ["Service shop/db"]);
+    assert_eq!(
+        ready.release[0].rule,
+        Some(RuleId::namespaced(NS, "wait-db"))
+    );
+    assert_eq!(ready.nodes, None);
+
+    // The slice goes away: not ready again.
+    world.apply(
+        &WatchKind::EndpointSlices,
+        Update::Delete(slice("db", "db-b", 1)),
+    );
+    assert!(!judge(&p, &gates, &world, &BTreeSet::new(), ts(4)).is_release());
+}
+
+#[test]
+fn a_gate_whose_rule_is_gone_is_released_and_other_gates_are_left_alone() {
+    let r = rule(
+        RuleId::namespaced(NS, "wait-db"),
+        json!({"waitFor": [{"service": {"name": "db"}}]}),
+    );
+    let gate = gate_of(&r);
+    let p = pod(
+        "web-1",
+        &["example.com/other", &gate, "initium.dev/shop.deleted-rule"],
+    );
+    let verdict = judge(&p, &gates(&[r]), &World::default(), &BTreeSet::new(), ts(1));
+    assert_eq!(
+        reasons(&verdict),
+        [("initium.dev/shop.deleted-rule", Reason::RuleGone)],
+        "the foreign gate is not initium's; the live rule's gate still waits"
+    );
+    // Nothing is Ready at all: every initium gate goes.
+    let verdict = judge(
+        &p,
+        &Gates::default(),
+        &World::default(),
+        &BTreeSet::new(),
+        ts(1),
+    );
+    assert_eq!(
+        reasons(&verdict),
+        [
+            (gate.as_str(), Reason::RuleGone),
+            ("initium.dev/shop.deleted-rule", Reason::RuleGone)
+        ]
+    );
+    assert!(verdict.keys.is_empty(), "a gone rule waits on nothing");
+}
+
+#[test]
+fn a_changed_rule_judges_waiting_pods_by_its_current_dependencies_and_timeout() {
+    let id = RuleId::namespaced(NS, "wait");
+    let before = rule(
+        id.clone(),
+        json!({"waitFor": [{"service": {"name": "db"}}], "timeout": "60s"}),
+    );
+    let after = rule(
+        id,
+        json!({"waitFor": [{"job": {"name": "migrate"}}], "timeout": "300s"}),
+    );
+    assert_eq!(gate_of(&before), gate_of(&after), "same rule, same gate");
+    let p = pod("web-1", &[&gate_of(&before)]);
+    let mut world = World::default();
+    world.apply(
+        &WatchKind::EndpointSlices,
+        Update::Apply(slice("db", "db-a", 1)),
+    );
+    assert!(judge(&p, &gates(&[before]), &world, &BTreeSet::new(), ts(1)).is_release());
+    let now = judge(&p, &gates(&[after]), &world, &BTreeSet::new(), ts(100));
+    assert!(!now.is_release(), "the Service no longer counts");
+    assert_eq!(now.deadline, Some(ts(300)), "the new timeout");
+    assert_eq!(
+        now.keys,
+        BTreeSet::from([DepKey::Job {
+            namespace: NS.into(),
+            name: "migrate".into()
+        }])
+    );
+}
+
+#[test]
+fn a_timeout_releases_with_release_and_holds_once_with_hold() {
+    let release = rule(
+        RuleId::namespaced(NS, "r"),
+        json!({"waitFor": [{"service": {"name": "db"}}], "timeout": "60s", "onTimeout": "Release"}),
+    );
+    let hold = rule(
+        RuleId::namespaced(NS, "h"),
+        json!({"waitFor": [{"service": {"name": "cache"}}], "timeout": "30s", "onTimeout": "Hold"}),
+    );
+    let gates = gates(&[release.clone(), hold.clone()]);
+    let p = pod("web-1", &[&gate_of(&release), &gate_of(&hold)]);
+    let mut world = World::default();
+
+    let early = judge(&p, &gates, &world, &BTreeSet::new(), ts(10));
+    assert!(!early.is_release());
+    assert_eq!(early.deadline, Some(ts(30)), "the earliest of both");
+
+    let at_30 = judge(&p, &gates, &world, &BTreeSet::new(), ts(30));
+    assert!(!at_30.is_release());
+    assert_eq!(at_30.newly_held.len(), 1);
+    assert_eq!(at_30.newly_held[0].gate, gate_of(&hold));
+    assert_eq!(at_30.newly_held[0].pending, ["Service shop/cache"]);
+    assert_eq!(
+        at_30.deadline,
+        Some(ts(60)),
+        "the held gate is no longer timed"
+    );
+
+    let held = BTreeSet::from([gate_of(&hold)]);
+    let at_45 = judge(&p, &gates, &world, &held, ts(45));
+    assert!(at_45.newly_held.is_empty(), "held once");
+    assert_eq!(at_45.deadline, Some(ts(60)));
+    assert!(
+        at_45.keys.contains(&service_key("cache")),
+        "a held gate still waits on its dependencies"
+    );
+
+    let at_60 = judge(&p, &gates, &world, &held, ts(60));
+    assert_eq!(
+        reasons(&at_60),
+        [(gate_of(&release).as_str(), Reason::Timeout)]
+    );
+    assert_eq!(at_60.release[0].dependencies, ["Service shop/db"]);
+    assert_eq!(
+        at_60.release[0].timeout,
+        Some(std::time::Duration::from_secs(60))
+    );
+    assert_eq!(at_60.deadline, None);
+
+    // A held gate is released once its dependencies hold after all.
+    world.apply(
+        &WatchKind::EndpointSlices,
+        Update::Apply(slice("cache", "c", 2)),
+    );
+    let later = judge(&p, &gates, &world, &held, ts(61));
+    assert_eq!(
+        reasons(&later),
+        [
+            (gate_of(&release).as_str(), Reason::Timeout),
+            (gate_of(&hold).as_str(), Reason::Ready)
+        ],
+        "both in one write, in the Pod's order"
+    );
+}
+
+#[test]
+fn a_job_seen_succeeded_stays_satisfied_after_it_is_deleted() {
+    let r = rule(
+        RuleId::namespaced(NS, "after-init"),
+        json!({"waitFor": [{"job": {"name": "init"}}]}),
+    );
+    let gates = gates(std::slice::from_ref(&r));
+    let p = pod("web-1", &[&gate_of(&r)]);
+    let mut world = World::default();
+    let jobs = WatchKind::Jobs;
+    let holds = |w: &World| judge(&p, &gates, w, &BTreeSet::new(), ts(1)).is_release();
+
+    listed(&mut world, jobs.clone(), vec![job("init", "u1", false)]);
+    assert!(!holds(&world));
+    world.apply(&jobs, Update::Apply(job("init", "u1", true)));
+    assert!(holds(&world));
+    // TTL: the Job is deleted; a later Pod still goes.
+    world.apply(&jobs, Update::Delete(job("init", "u1", true)));
+    assert!(holds(&world));
+    // A relist that no longer has it, the watch stopping, the duty restarting: remembered.
+    listed(&mut world, jobs.clone(), vec![]);
+    assert!(holds(&world));
+    world.forget(&jobs);
+    world.restart();
+    assert!(holds(&world));
+    // A new Job of that name that has not succeeded: it is the one that counts.
+    world.apply(&jobs, Update::Apply(job("init", "u2", false)));
+    assert!(!holds(&world));
+    world.apply(&jobs, Update::Apply(job("init", "u2", true)));
+    assert!(holds(&world));
+}
+
+#[test]
+fn pods_dependencies_count_ready_pods_matching_the_selector_in_the_namespace() {
+    let r = rule(
+        RuleId::namespaced(NS, "after-db"),
+        json!({"waitFor": [{"pods": {"selector": {"matchLabels": {"app": "db"}}}}]}),
+    );
+    let gates = gates(std::slice::from_ref(&r));
+    let p = pod("web-1", &[&gate_of(&r)]);
+    let mut world = World::default();
+    let holds = |w: &World| judge(&p, &gates, w, &BTreeSet::new(), ts(1)).is_release();
+    let pods = WatchKind::Pods;
+    world.apply(
+        &pods,
+        Update::Apply(ready_pod("other", &[("app", "x")], "n1", None)),
+    );
+    assert!(!holds(&world));
+    let dirty = world.apply(
+        &pods,
+        Update::Apply(ready_pod("db-0", &[("app", "db")], "n1", None)),
+    );
+    assert_eq!(
+        dirty,
+        vec![DepKey::Pods {
+            namespace: NS.into()
+        }]
+    );
+    assert!(holds(&world));
+    // The same facts again change nothing, and re-judge nobody.
+    assert!(
+        world
+            .apply(
+                &pods,
+                Update::Apply(ready_pod("db-0", &[("app", "db")], "n1", None))
+            )
+            .is_empty()
+    );
+    // Not Ready any more.
+    world.apply(
+        &pods,
+        Update::Apply(Fact::Pod {
+            namespace: NS.into(),
+            name: "db-0".into(),
+            ready: false,
+            labels: BTreeMap::new(),
+            node: None,
+            daemon_set: None,
+        }),
+    );
+    assert!(!holds(&world));
+}
+
+#[test]
+fn object_dependencies_hold_when_their_conditions_do() {
+    let r = rule(
+        RuleId::cluster("after-foo"),
+        json!({"waitFor": [{"object": {"apiVersion": "example.com/v1", "kind": "Foo", "name": "f",
+            "namespace": "infra", "conditions": [{"path": "$.status.phase", "equals": "Ready"}]}},
+            {"object": {"apiVersion": "example.com/v1", "kind": "Zone", "name": "z"}}]}),
+    );
+    let gates = gates(std::slice::from_ref(&r));
+    let p = pod("web-1", &[&gate_of(&r)]);
+    let foo = ObjectKind {
+        api_version: "example.com/v1".into(),
+        kind: "Foo".into(),
+    };
+    let zone = ObjectKind {
+        api_version: "example.com/v1".into(),
+        kind: "Zone".into(),
+    };
+    let object = |ns: Option<&str>, name: &str, phase: &str| Fact::Object {
+        namespace: ns.map(Into::into),
+        name: name.into(),
+        value: Arc::new(json!({"metadata": {"name": name}, "status": {"phase": phase}})),
+    };
+    let mut world = World::default();
+    let holds = |w: &World| judge(&p, &gates, w, &BTreeSet::new(), ts(1)).is_release();
+    let verdict = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
+    assert_eq!(
+        verdict
+            .keys
+            .iter()
+            .flat_map(DepKey::kinds)
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from([
+            WatchKind::Object(foo.clone()),
+            WatchKind::Object(zone.clone())
+        ])
+    );
+    world.set_namespaced(&foo, true);
+    world.set_namespaced(&zone, false);
+    world.apply(
+        &WatchKind::Object(zone.clone()),
+        Update::Apply(object(None, "z", "")),
+    );
+    world.apply(
+        &WatchKind::Object(foo.clone()),
+        Update::Apply(object(Some("infra"), "f", "Pending")),
+    );
+    assert!(!holds(&world));
+    // The wrong namespace does not count.
+    world.apply(
+        &WatchKind::Object(foo.clone()),
+        Update::Apply(object(Some(NS), "f", "Ready")),
+    );
+    assert!(!holds(&world));
+    world.apply(
+        &WatchKind::Object(foo.clone()),
+        Update::Apply(object(Some("infra"), "f", "Ready")),
+    );
+    assert!(
+        holds(&world),
+        "the cluster-scoped Zone exists, the Foo is Ready"
+    );
+    world.forget(&WatchKind::Object(zone));
+    assert!(!holds(&world));
+}
+
+#[test]
+fn a_daemon_set_dependency_narrows_to_the_nodes_where_it_is_ready() {
+    let r = rule(
+        RuleId::cluster("same-node"),
+        json!({"waitFor": [{"daemonSet": {"name": "agent"}}]}),
+    );
+    let gates = gates(std::slice::from_ref(&r));
+    let p = pod("web-1", &[&gate_of(&r)]);
+    let mut world = World::default();
+    let ds_key = DepKey::DaemonSet {
+        namespace: NS.into(),
+        name: "agent".into(),
+    };
+    let verdict = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
+    assert_eq!(verdict.keys, BTreeSet::from([ds_key.clone()]));
+    assert_eq!(
+        ds_key.kinds(),
+        [WatchKind::DaemonSets, WatchKind::Pods],
+        "both watches feed it"
+    );
+    world.apply(
+        &WatchKind::Pods,
+        Update::Apply(ready_pod("agent-a", &[], "n2", Some(("agent", "ds-1")))),
+    );
+    assert!(
+        !judge(&p, &gates, &world, &BTreeSet::new(), ts(1)).is_release(),
+        "the DaemonSet itself is not known yet"
+    );
+    let dirty = world.apply(
+        &WatchKind::DaemonSets,
+        Update::Apply(Fact::DaemonSet {
+            namespace: NS.into(),
+            name: "agent".into(),
+            uid: "ds-1".into(),
+        }),
+    );
+    assert_eq!(dirty, vec![ds_key.clone()]);
+    let dirty = world.apply(
+        &WatchKind::Pods,
+        Update::Apply(ready_pod("agent-b", &[], "n1", Some(("agent", "ds-1")))),
+    );
+    assert!(dirty.contains(&ds_key));
+    // A Pod of another (older) DaemonSet of that name does not count.
+    world.apply(
+        &WatchKind::Pods,
+        Update::Apply(ready_pod("agent-old", &[], "n3", Some(("agent", "ds-0")))),
+    );
+    let verdict = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
+    assert_eq!(reasons(&verdict), [(gate_of(&r).as_str(), Reason::Ready)]);
+    assert_eq!(
+        verdict.nodes,
+        Some(BTreeSet::from(["n1".to_string(), "n2".to_string()]))
+    );
+}
+
+#[test]
+fn daemon_sets_ready_on_no_common_node_keep_the_pod_waiting() {
+    let a = rule(
+        RuleId::cluster("a"),
+        json!({"waitFor": [{"daemonSet": {"name": "da"}}]}),
+    );
+    let b = rule(
+        RuleId::cluster("b"),
+        json!({"waitFor": [{"daemonSet": {"name": "db"}}, {"service": {"name": "s"}}]}),
+    );
+    let c = rule(
+        RuleId::cluster("c"),
+        json!({"waitFor": [{"service": {"name": "s"}}]}),
+    );
+    let gates = gates(&[a.clone(), b.clone(), c.clone()]);
+    let p = pod("web-1", &[&gate_of(&a), &gate_of(&b), &gate_of(&c)]);
+    let mut world = World::default();
+    for (name, uid, node) in [("da", "u-a", "n1"), ("db", "u-b", "n2")] {
+        world.apply(
+            &WatchKind::DaemonSets,
+            Update::Apply(Fact::DaemonSet {
+                namespace: NS.into(),
+                name: name.into(),
+                uid: uid.into(),
+            }),
+        );
+        world.apply(
+            &WatchKind::Pods,
+            Update::Apply(ready_pod(
+                &format!("{name}-x"),
+                &[],
+                node,
+                Some((name, uid)),
+            )),
+        );
+    }
+    world.apply(
+        &WatchKind::EndpointSlices,
+        Update::Apply(slice("s", "s-1", 1)),
+    );
+    let verdict = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
+    assert_eq!(
+        reasons(&verdict),
+        [(gate_of(&c).as_str(), Reason::Ready)],
+        "only the gate that does not narrow goes"
+    );
+    assert_eq!(verdict.nodes, None);
+    // Both DaemonSets on n2: both narrowing gates go, narrowed to n2.
+    world.apply(
+        &WatchKind::Pods,
+        Update::Apply(ready_pod("da-y", &[], "n2", Some(("da", "u-a")))),
+    );
+    let verdict = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
+    assert_eq!(verdict.release.len(), 3);
+    assert_eq!(verdict.nodes, Some(BTreeSet::from(["n2".to_string()])));
+}
+
+#[test]
+fn the_release_patch_keeps_foreign_gates_in_order_and_drops_the_label_with_the_last_gate() {
+    let p = pod(
+        "web-1",
+        &[
+            "example.com/a",
+            "initium.dev/shop.x",
+            "example.com/b",
+            "initium.dev/cluster.y",
+        ],
+    );
+    let one = release_patch(&p, &["initium.dev/shop.x".into()], None).unwrap();
+    assert_eq!(
+        one,
+        json!({
+            "metadata": {"resourceVersion": "10"},
+            "spec": {"schedulingGates": [
+                {"name": "example.com/a"}, {"name": "example.com/b"}, {"name": "initium.dev/cluster.y"}
+            ]},
+        }),
+        "an initium gate remains: the label stays"
+    );
+    let both = release_patch(
+        &p,
+        &["initium.dev/shop.x".into(), "initium.dev/cluster.y".into()],
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        both,
+        json!({
+            "metadata": {"resourceVersion": "10", "labels": {GATED_LABEL: null}},
+            "spec": {"schedulingGates": [{"name": "example.com/a"}, {"name": "example.com/b"}]},
+        })
+    );
+    let only = pod("web-2", &["initium.dev/shop.x"]);
+    assert_eq!(
+        release_patch(&only, &["initium.dev/shop.x".into()], None).unwrap(),
+        json!({
+            "metadata": {"resourceVersion": "10", "labels": {GATED_LABEL: null}},
+            "spec": {"schedulingGates": null},
+        })
+    );
+    assert_eq!(
+        release_patch(&p, &["initium.dev/shop.gone".into()], None),
+        None,
+        "already released: nothing to write"
+    );
+    assert_eq!(unlabel_patch(&p), None);
+    assert_eq!(
+        unlabel_patch(&pod("web-3", &["example.com/a"])),
+        Some(json!({"metadata": {"resourceVersion": "10", "labels": {GATED_LABEL: null}}}))
+    );
+}
+
+#[test]
+fn narrowing_adds_one_term_when_there_is_none_and_extends_every_term_otherwise() {
+    let nodes = BTreeSet::from(["n1".to_string(), "n2".to_string()]);
+    let mut p = pod("web-1", &["initium.dev/cluster.same-node"]);
+    let patch = release_patch(&p, &p.gates.clone(), Some(&nodes)).unwrap();
+    assert_eq!(
+        patch["spec"]["affinity"],
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}
+            ]}]
+        }}})
+    );
+
+    let affinity: NodeAffinity = serde_json::from_value(json!({
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}],
+             "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n9"]}]},
+        ]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "preference": {"matchExpressions": [{"key": "ssd", "operator": "Exists"}]}}
+        ],
+    }))
+    .unwrap();
+    p.node_affinity = Some(affinity.clone());
+    let patch = release_patch(&p, &p.gates.clone(), Some(&nodes)).unwrap();
+    let narrowed: NodeAffinity =
+        serde_json::from_value(patch["spec"]["affinity"]["nodeAffinity"].clone()).unwrap();
+    let terms = &narrowed
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+        .unwrap()
+        .node_selector_terms;
+    let original = &affinity
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+        .unwrap()
+        .node_selector_terms;
+    assert_eq!(terms.len(), 2, "no term added");
+    let wanted = NodeSelectorRequirement {
+        key: "metadata.name".into(),
+        operator: "In".into(),
+        values: Some(vec!["n1".into(), "n2".into()]),
+    };
+    for (term, before) in terms.iter().zip(original) {
+        assert_eq!(term.match_expressions, before.match_expressions);
+        let fields = term.match_fields.as_deref().unwrap();
+        assert_eq!(fields.last(), Some(&wanted), "added to every term");
+        assert_eq!(
+            &fields[..fields.len() - 1],
+            before.match_fields.as_deref().unwrap_or_default(),
+            "what was there stays, first"
+        );
+    }
+    let preferred: Option<Vec<PreferredSchedulingTerm>> =
+        narrowed.preferred_during_scheduling_ignored_during_execution;
+    assert_eq!(
+        preferred, affinity.preferred_during_scheduling_ignored_during_execution,
+        "the whole nodeAffinity is sent (a merge patch replaces lists), so the rest is kept"
+    );
+}
+
+#[test]
+fn the_reverse_index_finds_the_pods_a_change_concerns_and_the_kinds_to_watch() {
+    let mut waiting = Waiting::default();
+    let a = pod("a", &["initium.dev/shop.x"]);
+    let b = pod("b", &["initium.dev/shop.x"]);
+    waiting.apply(PodEvent::Init);
+    waiting.apply(PodEvent::InitApply(a.clone()));
+    waiting.apply(PodEvent::InitApply(b.clone()));
+    let dirty = waiting.apply(PodEvent::InitDone);
+    assert_eq!(dirty, vec![a.key.clone(), b.key.clone()]);
+    assert_eq!(waiting.waiting(), 2);
+
+    let job = DepKey::Job {
+        namespace: NS.into(),
+        name: "init".into(),
+    };
+    waiting.set_keys(&a.key, BTreeSet::from([service_key("db"), job.clone()]));
+    waiting.set_keys(&b.key, BTreeSet::from([service_key("db")]));
+    assert_eq!(
+        waiting.affected(&[service_key("db")]),
+        vec![a.key.clone(), b.key.clone()]
+    );
+    assert_eq!(
+        waiting.affected(std::slice::from_ref(&job)),
+        vec![a.key.clone()]
+    );
+    assert!(waiting.affected(&[service_key("other")]).is_empty());
+    assert_eq!(
+        waiting.needed_kinds(),
+        BTreeSet::from([WatchKind::EndpointSlices, WatchKind::Jobs])
+    );
+
+    // a no longer waits on the Job; then a is released (deleted from the watch).
+    waiting.set_keys(&a.key, BTreeSet::from([service_key("db")]));
+    assert_eq!(
+        waiting.needed_kinds(),
+        BTreeSet::from([WatchKind::EndpointSlices])
+    );
+    waiting.apply(PodEvent::Delete(a.key.clone()));
+    assert_eq!(waiting.affected(&[service_key("db")]), vec![b.key.clone()]);
+
+    // The same Pod again: nothing to judge; a new resourceVersion: judged.
+    assert!(waiting.apply(PodEvent::Apply(b.clone())).is_empty());
+    let mut b2 = b.clone();
+    b2.resource_version = "11".into();
+    assert_eq!(waiting.apply(PodEvent::Apply(b2)), vec![b.key.clone()]);
+
+    // A relist without b: gone, with its keys.
+    waiting.apply(PodEvent::Init);
+    waiting.apply(PodEvent::InitDone);
+    assert_eq!(waiting.reverse_len(), 0);
+    assert!(waiting.needed_kinds().is_empty());
+    assert_eq!(waiting.waiting(), 0);
+}
+
+#[test]
+fn deadlines_are_kept_in_order_and_dropped_with_their_pod() {
+    let mut waiting = Waiting::default();
+    for name in ["a", "b", "c"] {
+        waiting.apply(PodEvent::Apply(pod(name, &["initium.dev/shop.x"])));
+    }
+    let key = |n: &str| PodKey {
+        namespace: NS.into(),
+        name: n.into(),
+    };
+    waiting.set_deadline(&key("a"), Some(ts(30)));
+    waiting.set_deadline(&key("b"), Some(ts(10)));
+    waiting.set_deadline(&key("c"), Some(ts(20)));
+    assert_eq!(waiting.next_deadline(), Some(ts(10)));
+    assert_eq!(waiting.due(ts(20)), vec![key("b"), key("c")]);
+    waiting.set_deadline(&key("b"), None);
+    waiting.apply(PodEvent::Delete(key("c")));
+    assert_eq!(waiting.next_deadline(), Some(ts(30)));
+    assert_eq!(waiting.due(ts(25)), Vec::<PodKey>::new());
+}
+
+#[test]
+fn a_recreated_pod_of_the_same_name_starts_over() {
+    let mut waiting = Waiting::default();
+    let a = pod("a", &["initium.dev/shop.x"]);
+    waiting.apply(PodEvent::Apply(a.clone()));
+    let entry = waiting.get_mut(&a.key).unwrap();
+    entry.held.insert("initium.dev/shop.x".into(), true);
+    entry.written = Some("10".into());
+    let mut again = a.clone();
+    again.uid = "another".into();
+    waiting.apply(PodEvent::Apply(again));
+    let entry = waiting.get(&a.key).unwrap();
+    assert!(entry.held.is_empty());
+    assert_eq!(entry.written, None);
+}
+
+#[test]
+fn slices_follow_their_service_label_and_relists_drop_what_is_gone() {
+    let mut world = World::default();
+    let kind = WatchKind::EndpointSlices;
+    let holds = |w: &World, service: &str| {
+        w.holds(
+            &Dependency::Service(crate::engine::Target {
+                namespace: None,
+                name: service.into(),
+            }),
+            NS,
+        )
+    };
+    let dirty = listed(&mut world, kind.clone(), vec![slice("db", "s1", 1)]);
+    assert_eq!(dirty, vec![service_key("db")]);
+    assert!(holds(&world, "db"));
+    // The slice is relabelled to another Service.
+    let dirty = world.apply(&kind, Update::Apply(slice("cache", "s1", 1)));
+    assert_eq!(dirty, vec![service_key("db"), service_key("cache")]);
+    assert!(!holds(&world, "db"));
+    assert!(holds(&world, "cache"));
+    let dirty = listed(&mut world, kind, vec![]);
+    assert_eq!(dirty, vec![service_key("cache")]);
+    assert!(!holds(&world, "cache"));
+}
+
+#[test]
+fn gated_pod_facts_come_from_the_pod() {
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web-1", "namespace": NS, "uid": "u", "resourceVersion": "7",
+            "creationTimestamp": "2024-01-01T00:00:00Z", "labels": {GATED_LABEL: "true"}},
+        "spec": {"containers": [], "schedulingGates": [{"name": "example.com/a"}, {"name": "initium.dev/shop.x"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Exists"}]}]}}}},
+    }))
+    .unwrap();
+    let g = GatedPod::of(&p).unwrap();
+    assert_eq!(g.key.to_string(), "shop/web-1");
+    assert_eq!(g.resource_version, "7");
+    assert_eq!(g.gates, ["example.com/a", "initium.dev/shop.x"]);
+    assert_eq!(
+        g.initium_gates().collect::<Vec<_>>(),
+        ["initium.dev/shop.x"]
+    );
+    assert!(g.labeled);
+    assert!(g.node_affinity.is_some());
+    assert_eq!(g.created, Some("2024-01-01T00:00:00Z".parse().unwrap()));
+}
