@@ -815,7 +815,10 @@ mod tests {
         assert_eq!(verdicts, [true, false]);
         assert!(!shared.is_synced(), "Namespaces have not been listed yet");
         readiness.done(Readiness::NAMESPACES);
-        assert!(!shared.is_synced(), "the gated Pods have not been listed yet");
+        assert!(
+            !shared.is_synced(),
+            "the gated Pods have not been listed yet"
+        );
         readiness.done(Readiness::GATED_PODS);
         assert!(shared.is_synced());
     }
