@@ -264,6 +264,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ControllerError> {
     config.validate()?;
+    let mut config = config;
+    // One identity per process, for the Lease and for what the duties report (the gate
+    // controller's Events name the replica that wrote).
+    let identity = config.lease.identity();
+    config.lease.identity = Some(identity.clone());
     let config = Arc::new(config);
     let (stop_tx, stop) = Stop::channel();
     let (leader_tx, leader) = watch::channel(false);
@@ -306,6 +311,7 @@ pub async fn run(
         readiness.clone(),
         snapshot_rx.clone(),
         leader.clone(),
+        identity,
     ));
     duties.start(status::Status::new(
         client.clone(),

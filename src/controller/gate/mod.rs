@@ -71,6 +71,8 @@ pub(crate) struct Gates {
     readiness: Arc<Readiness>,
     snapshot: channel::Receiver<Arc<Snapshot>>,
     leader: Leader,
+    /// This replica's identity (the Lease's): the reporting instance of its Events.
+    identity: String,
     /// Dependency facts; kept here so the memory of succeeded Jobs outlives a restart of the
     /// duty.
     world: World,
@@ -83,6 +85,7 @@ impl Gates {
         readiness: Arc<Readiness>,
         snapshot: channel::Receiver<Arc<Snapshot>>,
         leader: Leader,
+        identity: String,
     ) -> Gates {
         Gates {
             client,
@@ -90,6 +93,7 @@ impl Gates {
             readiness,
             snapshot,
             leader,
+            identity,
             world: World::default(),
         }
     }
@@ -133,6 +137,7 @@ impl Duty for Gates {
             readiness,
             snapshot,
             leader,
+            identity,
             world,
         } = self;
         world.restart();
@@ -143,9 +148,7 @@ impl Duty for Gates {
         let (tx, mut updates) = mpsc::unbounded_channel::<KindUpdate>();
         let reporter = Reporter {
             controller: FIELD_MANAGER.into(),
-            instance: std::env::var("POD_NAME")
-                .or_else(|_| std::env::var("HOSTNAME"))
-                .ok(),
+            instance: Some(identity.clone()),
         };
         let mut run = Run {
             client: client.clone(),
