@@ -250,11 +250,20 @@ pub(crate) fn compile(
         }
         // DESIGN.md: a MutationRule may only wait on objects in its own namespace.
         let namespace = [
-            ("service", d.service.as_ref().and_then(|r| r.namespace.as_deref())),
+            (
+                "service",
+                d.service.as_ref().and_then(|r| r.namespace.as_deref()),
+            ),
             ("job", d.job.as_ref().and_then(|r| r.namespace.as_deref())),
             ("pods", d.pods.as_ref().and_then(|r| r.namespace.as_deref())),
-            ("object", d.object.as_ref().and_then(|r| r.namespace.as_deref())),
-            ("daemonSet", d.daemon_set.as_ref().and_then(|r| r.namespace.as_deref())),
+            (
+                "object",
+                d.object.as_ref().and_then(|r| r.namespace.as_deref()),
+            ),
+            (
+                "daemonSet",
+                d.daemon_set.as_ref().and_then(|r| r.namespace.as_deref()),
+            ),
         ]
         .into_iter()
         .find_map(|(field, ns)| ns.map(|ns| (field, ns)));
@@ -493,7 +502,10 @@ mod tests {
         let tier = selector(&[("tier", "x")]);
         assert!(selectors_disjoint(&app_web, &app_db));
         assert!(!selectors_disjoint(&app_web, &tier));
-        assert!(selector_implies(&selector(&[("app", "db"), ("x", "y")]), &app_db));
+        assert!(selector_implies(
+            &selector(&[("app", "db"), ("x", "y")]),
+            &app_db
+        ));
         assert!(!selector_implies(&tier, &app_db));
         assert!(!selector_implies(&tier, &selector(&[])));
     }

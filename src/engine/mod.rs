@@ -19,6 +19,9 @@ mod template;
 
 pub use error::{ApplyError, FieldError, IdentityChange, InternalError, RuleErrors, sanitize};
 pub use evaluate::{Denial, Outcome};
+pub use gate::{
+    CompiledGate, DEFAULT_GATE_TIMEOUT, DEPLOYMENT_PROGRESS_DEADLINE, Dependency, Target, gate_name,
+};
 pub use index::RuleIndex;
 pub use journal::PatchOp;
 pub use kind::{Gvk, KindError, KindPattern, Segment};
@@ -27,14 +30,10 @@ pub use limits::{
     MAX_RULE_REGEXES, QUERY_WORK_LIMIT, RULE_REGEX_BYTES, RegexError,
 };
 pub use matching::MatchError;
+pub use matching::{Conditions, Selector};
 pub use mutation::MutationError;
 pub use parse::{RuleSource, compile_document, is_rule_document, parse_rule};
 pub use path::{PointerError, QueryError, QueryProblem, type_name as describe_value};
-pub use gate::{
-    CompiledGate, DEFAULT_GATE_TIMEOUT, DEPLOYMENT_PROGRESS_DEADLINE, Dependency, Target,
-    gate_name,
-};
-pub use matching::{Conditions, Selector};
 pub use rule::{CompiledRule, DurationError, RuleId, Subject, compile, parse_duration};
 pub use template::{MisplacedTemplate, TemplateError};
 

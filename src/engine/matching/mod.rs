@@ -28,13 +28,13 @@ use super::rule::Subject;
 
 use annotations::Annotations;
 pub use conditions::Conditions;
-pub use selector::Selector;
 use kinds::Kinds;
 use labels::Labels;
 use names::Names;
 use namespace_selector::NamespaceSelector;
 use namespaces::Namespaces;
 use operations::Operations;
+pub use selector::Selector;
 
 /// A compiled `match` or `exclude`: every field given must hold.
 #[derive(Clone, Debug)]
