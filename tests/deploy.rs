@@ -58,6 +58,8 @@ fn kustomize_base_passes_a_server_side_dry_run() {
         "service/initium",
         "deployment.apps/initium",
         "poddisruptionbudget.policy/initium",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/initium-gates",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/initium-gates",
     ] {
         assert!(
             out.contains(object),
@@ -178,4 +180,242 @@ fn the_service_account_may_do_what_initium_does_and_nothing_more() {
             denied.join(" ")
         );
     }
+}
+
+/// `kubectl ARGS` with `stdin`: (succeeded, stdout, stderr).
+fn kubectl_try(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let mut command = support::kubectl();
+    command
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("kubectl runs");
+    {
+        use std::io::Write;
+        let mut input = child.stdin.take().expect("stdin");
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).expect("write");
+        }
+    }
+    let out = child.wait_with_output().expect("kubectl finishes");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// What the policy's message starts with.
+const GATE_DENIAL: &str = "only initium removes initium.dev/ scheduling gates";
+const INITIUM_SA: &str = "system:serviceaccount:initium-system:initium";
+
+/// The names of the Pod's scheduling gates, in order.
+fn gates(namespace: &str, pod: &str) -> Vec<String> {
+    let json = kubectl_ok(&["get", "pod", "-n", namespace, pod, "-o", "json"]);
+    let pod: serde_json::Value = serde_json::from_str(&json).expect("a Pod as JSON");
+    pod["spec"]["schedulingGates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| g["name"].as_str().expect("a gate name").to_owned())
+        .collect()
+}
+
+/// A JSON merge patch of the Pod's scheduling gates to `names` (`None`: no gates at all), as
+/// `as_user` (`None`: the test's admin) — the one write initium's gate controller does.
+fn set_gates(
+    namespace: &str,
+    pod: &str,
+    names: Option<&[&str]>,
+    as_user: Option<&str>,
+    dry_run: bool,
+) -> (bool, String, String) {
+    let gates = match names {
+        Some(names) => serde_json::Value::from(
+            names
+                .iter()
+                .map(|n| serde_json::json!({"name": n}))
+                .collect::<Vec<_>>(),
+        ),
+        None => serde_json::Value::Null,
+    };
+    let patch = serde_json::json!({"spec": {"schedulingGates": gates}}).to_string();
+    let mut args = vec![
+        "patch",
+        "pod",
+        "-n",
+        namespace,
+        pod,
+        "--type=merge",
+        "-p",
+        &patch,
+    ];
+    let as_flag = as_user.map(|u| format!("--as={u}"));
+    if let Some(flag) = &as_flag {
+        args.extend([flag.as_str(), "--as-group=system:serviceaccounts"]);
+    }
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    kubectl_try(&args, None)
+}
+
+/// deploy/gate-policy.yaml on the real API server: nobody but initium's ServiceAccount removes
+/// an `initium.dev/` scheduling gate; other gates, other updates and deleting the Pod stay
+/// allowed.
+#[test]
+fn only_initium_removes_initium_gates() {
+    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/gate-policy.yaml");
+    kubectl_ok(&["apply", "-f", policy]);
+
+    // (The policy's type-checking warnings land in its status, written by the controller
+    // manager, which this plane does not run; what follows exercises every expression.)
+
+    let ns = support::unique("gate-policy");
+    kubectl_ok(&["create", "namespace", &ns]);
+    let pod = |name: &str, gates: &[&str]| {
+        let gates: Vec<_> = gates
+            .iter()
+            .map(|g| serde_json::json!({"name": g}))
+            .collect();
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "schedulingGates": gates,
+                "containers": [{"name": "app", "image": "registry.example.com/app:1"}],
+            },
+        })
+        .to_string()
+    };
+    // No scheduler and no nodes here: the Pods stay Pending with their gates.
+    let (ok, _, err) = kubectl_try(
+        &["create", "-f", "-"],
+        Some(&pod("web", &["initium.dev/x.y", "example.com/other"])),
+    );
+    assert!(ok, "create the gated Pod: {err}");
+
+    // The API server loads policies asynchronously: a dry run (which changes nothing if the
+    // policy is not in force yet) until the denial is seen.
+    let started = std::time::Instant::now();
+    loop {
+        let (ok, _, err) = set_gates(&ns, "web", Some(&["example.com/other"]), None, true);
+        if !ok && err.contains(GATE_DENIAL) {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the policy was not in force within 60 s; last attempt: ok={ok}, {err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+
+    // (a) The admin may not remove initium's gate: not alone, not with the other, not the
+    // whole list.
+    for (what, names) in [
+        ("the initium gate", Some(&["example.com/other"][..])),
+        ("both gates", Some(&[][..])),
+        ("the whole list", None),
+    ] {
+        let (ok, out, err) = set_gates(&ns, "web", names, None, false);
+        assert!(!ok, "removing {what} as the admin was allowed: {out}");
+        assert!(
+            err.contains(GATE_DENIAL)
+                && err.contains("initium.dev/x.y")
+                && err.contains("delete the rule"),
+            "removing {what}: not the policy's denial: {err}"
+        );
+        assert!(
+            err.contains("ValidatingAdmissionPolicy 'initium-gates'"),
+            "removing {what}: the denial does not name the policy: {err}"
+        );
+    }
+    assert_eq!(gates(&ns, "web"), ["initium.dev/x.y", "example.com/other"]);
+
+    // (b) Other owners' gates, and other updates of a gated Pod, are none of its business.
+    let (ok, _, err) = set_gates(&ns, "web", Some(&["initium.dev/x.y"]), None, false);
+    assert!(ok, "removing only the foreign gate was denied: {err}");
+    assert_eq!(gates(&ns, "web"), ["initium.dev/x.y"]);
+    kubectl_ok(&["label", "pod", "-n", &ns, "web", "touched=1"]);
+
+    // (c) initium's ServiceAccount may (given RBAC to patch Pods, which the gate controller's
+    // role grants; here a Role in the test's namespace), and only it: another ServiceAccount
+    // with the same Role may not.
+    let other_sa = format!("system:serviceaccount:{ns}:other");
+    kubectl_ok(&[
+        "create",
+        "role",
+        "patch-pods",
+        "-n",
+        &ns,
+        "--verb=get,patch",
+        "--resource=pods",
+    ]);
+    kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "patch-pods",
+        "-n",
+        &ns,
+        "--role=patch-pods",
+        "--serviceaccount=initium-system:initium",
+        &format!("--serviceaccount={ns}:other"),
+    ]);
+    // The RBAC authorizer sees new bindings through its informers, a moment later.
+    for user in [INITIUM_SA, other_sa.as_str()] {
+        let started = std::time::Instant::now();
+        loop {
+            let (_, out, _) = kubectl_try(
+                &[
+                    "auth",
+                    "can-i",
+                    "patch",
+                    "pods",
+                    "-n",
+                    &ns,
+                    &format!("--as={user}"),
+                ],
+                None,
+            );
+            if out.trim() == "yes" {
+                break;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(30),
+                "{user} may not patch Pods 30 s after the RoleBinding"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+    let (ok, out, err) = set_gates(&ns, "web", None, Some(&other_sa), false);
+    assert!(!ok, "another ServiceAccount removed initium's gate: {out}");
+    assert!(err.contains(GATE_DENIAL), "not the policy's denial: {err}");
+    let (ok, _, err) = set_gates(&ns, "web", None, Some(INITIUM_SA), false);
+    assert!(
+        ok,
+        "initium's ServiceAccount could not remove its gate: {err}"
+    );
+    assert!(gates(&ns, "web").is_empty());
+    // A Pod without gates (no `spec.schedulingGates`) updates as before.
+    kubectl_ok(&["label", "pod", "-n", &ns, "web", "touched=2", "--overwrite"]);
+
+    // (d) Deleting a gated Pod is always allowed.
+    let (ok, _, err) = kubectl_try(
+        &["create", "-f", "-"],
+        Some(&pod("held", &["initium.dev/x.y"])),
+    );
+    assert!(ok, "create the second gated Pod: {err}");
+    kubectl_ok(&[
+        "delete",
+        "pod",
+        "-n",
+        &ns,
+        "held",
+        "--wait=true",
+        "--timeout=30s",
+    ]);
+
+    kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
 }

@@ -59,12 +59,20 @@ impl Plane {
     /// [`Plane::up`] with `nodes` simulated nodes: a whole cluster (controller manager,
     /// scheduler, kwok) of this process's own, for benchmarks of what controllers do.
     pub fn up_cluster(name: &str, nodes: u32) -> Result<Plane> {
+        Plane::up_cluster_with(name, nodes, &[])
+    }
+
+    /// [`Plane::up_cluster`] with extra environment for `scripts/control-plane up`: the
+    /// components' extra flags (`INITIUM_PLANE_APISERVER_ARGS`, `..._CONTROLLER_MANAGER_ARGS`,
+    /// `..._SCHEDULER_ARGS`, `..._KWOK_ARGS`; see docs/control-plane.md), e.g. an audit log.
+    /// A variable set in this process's environment as well gets `env`'s value after its own.
+    pub fn up_cluster_with(name: &str, nodes: u32, env: &[(&str, String)]) -> Result<Plane> {
         let dir = std::env::temp_dir().join(format!("initium-bench-{name}-{}", std::process::id()));
         eprintln!(
             "bench: starting a whole cluster ({nodes} simulated nodes) in {}",
             dir.display()
         );
-        Plane::start_cluster(dir, Some(nodes))
+        Plane::start_with(dir, Some(nodes), env)
     }
 
     /// The plane every test of this test binary shares: the cluster of
@@ -110,6 +118,11 @@ impl Plane {
     /// when dropped, and by itself when this process dies): with `nodes`, a whole cluster
     /// (controller manager, scheduler, N nodes simulated by kwok) on the same API server.
     pub fn start_cluster(dir: PathBuf, nodes: Option<u32>) -> Result<Plane> {
+        Plane::start_with(dir, nodes, &[])
+    }
+
+    /// [`Plane::start_cluster`] with extra environment for `up` (see [`Plane::up_cluster_with`]).
+    fn start_with(dir: PathBuf, nodes: Option<u32>, env: &[(&str, String)]) -> Result<Plane> {
         let script = control_plane_script();
         let bin_dir = bin_dir()?;
         let mut binaries = vec!["etcd", "kube-apiserver", "kubectl"];
@@ -136,6 +149,13 @@ impl Plane {
             .arg(std::process::id().to_string());
         if let Some(nodes) = nodes {
             up.arg("--nodes").arg(nodes.to_string());
+        }
+        for (name, value) in env {
+            let value = match std::env::var(name) {
+                Ok(own) if !own.trim().is_empty() => format!("{own} {value}"),
+                _ => value.clone(),
+            };
+            up.env(name, value);
         }
         run(&mut up)?;
         Ok(Plane {
