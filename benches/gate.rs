@@ -20,11 +20,10 @@
 //!
 //! initium's requests are counted from kube-apiserver's audit log (`Metadata` level, the
 //! plane's admin user only, enabled through `INITIUM_PLANE_APISERVER_ARGS`): initium and the
-//! benchmark both use the plane's admin kubeconfig, so initium's requests are those of that
-//! user that neither kubectl, curl (the plane script's health checks) nor the benchmark's own
-//! client (user agent `initium-gate-bench`) sent; initium itself sends no user agent. The API
-//! server's `apiserver_request_total` has no user or user-agent label, so it cannot tell
-//! them apart.
+//! benchmark both use the plane's admin kubeconfig, and initium's requests are the ones with
+//! its user agent, `initium/<version>` (the benchmark's own client sends
+//! `initium-gate-bench`). The API server's `apiserver_request_total` has no user or
+//! user-agent label, so it cannot tell them apart.
 //!
 //! The controller manager and the scheduler run with their client rate limits raised
 //! (`--kube-api-qps 200`): at the default 20 requests/s the ReplicaSet controller needs a
@@ -406,13 +405,8 @@ fn count_requests(log: &Path, windows: &[(i64, i64)]) -> Result<(Vec<Requests>, 
             stage == "ResponseComplete"
         };
         let agent = event["userAgent"].as_str().unwrap_or_default();
-        if !counts
-            || event["user"]["username"] != ADMIN_USER
-            || agent == BENCH_USER_AGENT
-            || agent.starts_with("kubectl")
-            // scripts/control-plane's health checks.
-            || agent.starts_with("curl/")
-        {
+        // initium's requests carry `User-Agent: initium/<version>`.
+        if !counts || event["user"]["username"] != ADMIN_USER || !agent.starts_with("initium/") {
             continue;
         }
         if !agents.iter().any(|a| a == agent) {

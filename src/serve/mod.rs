@@ -19,6 +19,21 @@ use crate::controller::{self, ControllerConfig, WebhookEndpoint};
 use crate::tls::{CaBundleSource, TlsSource};
 use crate::{Error, admission, ops};
 
+/// A client for the API server (KUBECONFIG, else the in-cluster configuration) whose
+/// requests carry `User-Agent: initium/<version>`, so audit logs and API server metrics tell
+/// initium's requests apart.
+async fn api_client() -> Result<kube::Client, Error> {
+    const CANNOT: &str = "cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)";
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::serve_from(CANNOT, e))?;
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("initium/", env!("CARGO_PKG_VERSION"))),
+    ));
+    kube::Client::try_from(config).map_err(|e| Error::serve_from(CANNOT, e))
+}
+
 /// Stack of every runtime thread.
 const THREAD_STACK_BYTES: usize = 8 * 1024 * 1024;
 
@@ -58,12 +73,7 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
         )
     })?;
 
-    let client = kube::Client::try_default().await.map_err(|e| {
-        Error::serve_from(
-            "cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)",
-            e,
-        )
-    })?;
+    let client = api_client().await?;
     let endpoint = match &args.webhook_url {
         Some(url) => WebhookEndpoint::Url(url.clone()),
         None => WebhookEndpoint::Service {
