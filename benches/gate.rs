@@ -351,6 +351,10 @@ struct Requests {
     all: BTreeMap<String, u64>,
     pods: BTreeMap<String, u64>,
     by_resource: BTreeMap<String, u64>,
+    /// The API server's time for each of initium's Pod patches (request received → response
+    /// complete, from the audit log), in microseconds: how much of a release wave is the API
+    /// server's.
+    patch_pod_server_us: Vec<u32>,
 }
 
 impl Requests {
@@ -375,11 +379,17 @@ impl Requests {
     }
 
     fn json(&self) -> Value {
+        let server = Percentiles::new(self.patch_pod_server_us.clone());
+        let patch_pods_server_ms = (!server.is_empty()).then(|| {
+            json!({"p50": round(server.ms(0.50), 1), "p99": round(server.ms(0.99), 1),
+                   "mean": round(server.mean_ms(), 1)})
+        });
         json!({
             "all": self.all,
             "pods": self.pods,
             "by_resource": self.by_resource,
             "total": self.total(),
+            "patch_pods_server_ms": patch_pods_server_ms,
         })
     }
 }
@@ -442,6 +452,14 @@ fn count_requests(log: &Path, windows: &[(i64, i64)]) -> Result<(Vec<Requests>, 
                     .or_default() += 1;
                 if on_pods {
                     *requests.pods.entry(verb.to_owned()).or_default() += 1;
+                    let done = event["stageTimestamp"].as_str().and_then(parse_timestamp);
+                    if verb == "patch"
+                        && let Some(done) = done
+                    {
+                        requests
+                            .patch_pod_server_us
+                            .push(u32::try_from(done - at).unwrap_or(u32::MAX));
+                    }
                 }
             }
         }
@@ -1046,6 +1064,15 @@ fn report(
         Requests::describe(&release_requests.by_resource),
         Requests::describe(&release_requests.pods)
     );
+    let server = Percentiles::new(release_requests.patch_pod_server_us.clone());
+    if !server.is_empty() {
+        println!(
+            "    the API server's time per Pod patch (audit log): p50 {:.1} ms, p99 {:.1} ms, mean {:.1} ms",
+            server.ms(0.50),
+            server.ms(0.99),
+            server.mean_ms()
+        );
+    }
     println!(
         "  initium peak memory (VmHWM): {:.1} MiB; its user agent(s) in the audit log: {agents:?}",
         mib(peak_kib)

@@ -653,8 +653,10 @@ async fn a_leader_killed_mid_wave_loses_no_release_and_writes_no_pod_twice() {
     let _serial = serial().await;
     cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
     let client = workloads::client().await;
-    let mut first = Serving::start_with(&["--identity", "replica-a"]);
-    let mut second = first.replica(&["--identity", "replica-b"]);
+    // Two releases at a time, so the wave of 100 lasts long enough to die in the middle of.
+    let slow = ["--gate-release-concurrency", "2"];
+    let mut first = Serving::start_with(&["--identity", "replica-a", slow[0], slow[1]]);
+    let mut second = first.replica(&["--identity", "replica-b", slow[0], slow[1]]);
     let ns = workloads::namespace(&client, "gate-leader").await;
     apply_rule(
         &client,

@@ -135,7 +135,14 @@ pub struct ControllerConfig {
     /// How often the leader compares the webhook configurations with the API server even
     /// when nothing changed, to repair manual edits or deletions. Default 60 s.
     pub resync_interval: Duration,
+    /// Pods the gate controller releases at once (`--gate-release-concurrency`; default
+    /// [`DEFAULT_GATE_RELEASE_CONCURRENCY`]).
+    pub gate_release_concurrency: usize,
 }
+
+/// Default `--gate-release-concurrency`: on the 2-core test machine, 1,000 Pods released by
+/// one dependency took 5.9 s at 16 and 3.9 s at 64 (`scripts/bench gate`, BENCHMARKS.md).
+pub const DEFAULT_GATE_RELEASE_CONCURRENCY: u16 = 64;
 
 impl ControllerConfig {
     /// The defaults: exclude `kube-system`, configurations and Lease named `initium`, rule
@@ -154,6 +161,7 @@ impl ControllerConfig {
             lease: LeaseSettings::default(),
             discovery_interval: Duration::from_secs(60),
             resync_interval: Duration::from_secs(60),
+            gate_release_concurrency: usize::from(DEFAULT_GATE_RELEASE_CONCURRENCY),
         }
     }
 
@@ -183,6 +191,9 @@ impl ControllerConfig {
             if value.is_zero() {
                 return config(format!("the {name} must be more than zero"));
             }
+        }
+        if self.gate_release_concurrency == 0 {
+            return config("the gate release concurrency must be at least 1".into());
         }
         self.tls.validate()?;
         Ok(())
@@ -312,6 +323,7 @@ pub async fn run(
         snapshot_rx.clone(),
         leader.clone(),
         identity,
+        config.gate_release_concurrency,
     ));
     duties.start(status::Status::new(
         client.clone(),

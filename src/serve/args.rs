@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// budget is denied with a message to retry.
     #[arg(long, default_value_t = 2)]
     pub max_concurrent_validations: usize,
+    /// Pods the gate controller releases at once (one write each): a wave of Pods waiting on
+    /// one dependency is released this many at a time. Lower it to spare a busy API server.
+    #[arg(long, default_value_t = crate::controller::DEFAULT_GATE_RELEASE_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
+    pub gate_release_concurrency: u16,
     /// AdmissionReviews above 64 KiB evaluated at once; one that waits longer than the budget
     /// gets 503 and the API server applies the webhook's failure policy.
     #[arg(long, default_value_t = 2)]

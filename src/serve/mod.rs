@@ -87,6 +87,7 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     config.webhook_configuration = args.webhook_name.clone();
     config.lease.name = args.lease_name.clone();
     config.lease.identity = args.identity.clone();
+    config.gate_release_concurrency = usize::from(args.gate_release_concurrency);
     config.tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => TlsSource::files(
             cert,

@@ -19,7 +19,7 @@
 //!
 //! **Writes** ([`release`]): only the Lease holder writes; the others keep the same state
 //! warm and, on gaining the Lease, release every releasable Pod at once. One merge patch per
-//! Pod with its resourceVersion, at most [`IN_FLIGHT`] at a time.
+//! Pod with its resourceVersion, at most `--gate-release-concurrency` at a time.
 //!
 //! **Job memory**: a Job seen succeeded stays satisfied for later Pods after it is deleted
 //! (a TTL), in every replica (all run the watches), so it survives a leader change. A
@@ -44,7 +44,7 @@ use tokio::sync::{mpsc, watch as channel};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use self::release::{Done, Outcome, Plan};
+use self::release::{Done, Events, Outcome, Plan};
 use self::state::{
     GatedPod, Gates as GateRules, PodEvent, PodKey, Reason, Verdict, Waiting, World,
 };
@@ -56,8 +56,6 @@ use crate::admission::state::Shared;
 use crate::api::GATED_LABEL;
 use crate::engine::RuleIndex;
 
-/// Release writes in flight at once.
-pub(crate) const IN_FLIGHT: usize = 16;
 /// How often the duty looks whether the rule index is complete, until it is (in memory).
 const SYNC_CHECK: Duration = Duration::from_millis(100);
 /// First retry of a failed release write; doubles up to [`RETRY_MAX`].
@@ -73,6 +71,8 @@ pub(crate) struct Gates {
     leader: Leader,
     /// This replica's identity (the Lease's): the reporting instance of its Events.
     identity: String,
+    /// Release writes in flight at most.
+    concurrency: usize,
     /// Dependency facts; kept here so the memory of succeeded Jobs outlives a restart of the
     /// duty.
     world: World,
@@ -86,8 +86,10 @@ impl Gates {
         snapshot: channel::Receiver<Arc<Snapshot>>,
         leader: Leader,
         identity: String,
+        concurrency: usize,
     ) -> Gates {
         Gates {
+            concurrency: concurrency.max(1),
             client,
             shared,
             readiness,
@@ -111,7 +113,10 @@ struct Run<'a> {
     shared: &'a Shared,
     world: &'a mut World,
     leader: Leader,
-    recorder: Recorder,
+    events: Events,
+    concurrency: usize,
+    /// Release writes in flight now: the Event publisher waits while there are any.
+    writing: channel::Sender<usize>,
     waiting: Waiting,
     rules: GateRules,
     index: Option<Arc<RuleIndex>>,
@@ -138,6 +143,7 @@ impl Duty for Gates {
             snapshot,
             leader,
             identity,
+            concurrency,
             world,
         } = self;
         world.restart();
@@ -150,12 +156,15 @@ impl Duty for Gates {
             controller: FIELD_MANAGER.into(),
             instance: Some(identity.clone()),
         };
+        let (writing_tx, writing_rx) = channel::channel(0);
         let mut run = Run {
             client: client.clone(),
             shared,
             world,
             leader: leader.clone(),
-            recorder: Recorder::new(client.clone(), reporter),
+            events: Events::start(Recorder::new(client.clone(), reporter), writing_rx),
+            writing: writing_tx,
+            concurrency: *concurrency,
             watches: Watches::new(client.clone(), tx, context.clone()),
             backoff: context.backoff(RETRY_FIRST, RETRY_MAX),
             waiting: Waiting::default(),
@@ -298,6 +307,7 @@ impl Duty for Gates {
             if leader.is_leader() {
                 run.dispatch();
             }
+            run.writing.send_replace(run.in_flight.len());
         }
     }
 }
@@ -355,11 +365,11 @@ impl Run<'_> {
         }
     }
 
-    /// Starts the writes of releasable Pods, up to [`IN_FLIGHT`] at a time.
+    /// Starts the writes of releasable Pods, up to `concurrency` at a time.
     fn dispatch(&mut self) {
         let mut gone = Vec::new();
         for (key, releasable) in &self.releasable {
-            if self.in_flight.len() >= IN_FLIGHT {
+            if self.in_flight.len() >= self.concurrency {
                 break;
             }
             if self.in_flight.contains(key) || self.retry.contains(key) {
@@ -385,7 +395,7 @@ impl Run<'_> {
             self.in_flight.insert(key.clone());
             self.writes.spawn(release::release(
                 self.client.clone(),
-                self.recorder.clone(),
+                self.events.clone(),
                 self.shared.metrics.gate_write_conflicts.clone(),
                 plan,
             ));
@@ -499,11 +509,7 @@ impl Run<'_> {
                     continue;
                 }
                 self.shared.metrics.gate_timed_out("Hold");
-                tokio::spawn(release::publish_held(
-                    self.recorder.clone(),
-                    pod.clone(),
-                    held,
-                ));
+                self.events.held(pod.clone(), held);
             }
         }
     }

@@ -2,15 +2,17 @@
 //! `initium.dev/gated` label with the last of them), narrows the node affinity for
 //! `daemonSet` dependencies, and carries the resourceVersion the decision was made on. On 409
 //! the Pod is read again and the patch worked out anew (a bounded number of times); then the
-//! events are published.
+//! events are queued ([`Events`]).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client};
 use prometheus_client::metrics::counter::Counter;
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
 
 use super::state::{GatedPod, Held, PodKey, Reason, Release, release_patch, unlabel_patch};
@@ -75,7 +77,7 @@ pub(crate) struct Done {
 /// Writes one release (see the module documentation); publishes its events once written.
 pub(crate) async fn release(
     client: Client,
-    recorder: Recorder,
+    events: Events,
     conflicts: Counter,
     plan: Plan,
 ) -> Done {
@@ -132,6 +134,70 @@ pub(crate) async fn release(
         }
     }
     if matches!(outcome, Outcome::Released { .. }) {
+        events.released(&plan);
+    }
+    Done { key, plan, outcome }
+}
+
+/// Events go out after the writes, from a queue of their own, a few at a time and only while
+/// no release write is in flight: a wave of releases does not share the API server with an
+/// Event per Pod, and an Event that cannot be written is only logged. Events still queued
+/// when the process dies are lost; the releases are not.
+#[derive(Clone)]
+pub(crate) struct Events {
+    queue: mpsc::Sender<EventJob>,
+}
+
+/// Events queued at most; more are dropped (and logged) rather than held in memory.
+const EVENT_QUEUE: usize = 10_000;
+/// Events written at once.
+const EVENTS_IN_FLIGHT: usize = 4;
+
+enum EventJob {
+    Released {
+        pod: GatedPod,
+        type_: EventType,
+        reason: &'static str,
+        note: String,
+    },
+    Held {
+        pod: GatedPod,
+        held: Held,
+    },
+}
+
+impl Events {
+    /// Starts the publisher; it ends when the last handle is dropped.
+    pub(crate) fn start(recorder: Recorder, mut writing: watch::Receiver<usize>) -> Events {
+        let (queue, mut jobs) = mpsc::channel::<EventJob>(EVENT_QUEUE);
+        tokio::spawn(async move {
+            let slots = Arc::new(Semaphore::new(EVENTS_IN_FLIGHT));
+            while let Some(job) = jobs.recv().await {
+                // Releases first. The duty gone (sender dropped) ends the wait too.
+                let _ = writing.wait_for(|writes| *writes == 0).await;
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    break;
+                };
+                let recorder = recorder.clone();
+                tokio::spawn(async move {
+                    match job {
+                        EventJob::Released {
+                            pod,
+                            type_,
+                            reason,
+                            note,
+                        } => publish(&recorder, &pod, type_, reason, "ReleaseGate", note).await,
+                        EventJob::Held { pod, held } => publish_held(&recorder, pod, held).await,
+                    }
+                    drop(slot);
+                });
+            }
+        });
+        Events { queue }
+    }
+
+    /// Queues the Events of a release that was written.
+    fn released(&self, plan: &Plan) {
         for release in &plan.releases {
             let (type_, reason) = match release.reason {
                 Reason::Ready => (EventType::Normal, "GateReleased"),
@@ -139,14 +205,36 @@ pub(crate) async fn release(
                 Reason::RuleGone => (EventType::Normal, "GateRuleGone"),
             };
             let note = released_note(release, plan.nodes.as_ref());
-            publish(&recorder, &plan.pod, type_, reason, "ReleaseGate", note).await;
+            self.send(EventJob::Released {
+                pod: plan.pod.clone(),
+                type_,
+                reason,
+                note,
+            });
         }
     }
-    Done { key, plan, outcome }
+
+    /// Queues the `GateTimedOut` Event of a gate held by `onTimeout: Hold`.
+    pub(crate) fn held(&self, pod: GatedPod, held: Held) {
+        self.send(EventJob::Held { pod, held });
+    }
+
+    fn send(&self, job: EventJob) {
+        if let Err(error) = self.queue.try_send(job) {
+            let pod = match error.into_inner() {
+                EventJob::Released { pod, .. } | EventJob::Held { pod, .. } => pod.key,
+            };
+            tracing::warn!(
+                duty = "gates",
+                %pod,
+                "an Event on the Pod was dropped: {EVENT_QUEUE} are waiting to be written already"
+            );
+        }
+    }
 }
 
 /// Publishes the `GateTimedOut` event of a gate held by `onTimeout: Hold`.
-pub(crate) async fn publish_held(recorder: Recorder, pod: GatedPod, held: Held) {
+async fn publish_held(recorder: &Recorder, pod: GatedPod, held: Held) {
     let note = format!(
         "the scheduling gate {} of {} timed out after {} still waiting for {}; the Pod stays \
          gated until they are ready (onTimeout: Hold)",
@@ -156,7 +244,7 @@ pub(crate) async fn publish_held(recorder: Recorder, pod: GatedPod, held: Held) 
         held.pending.join(", "),
     );
     publish(
-        &recorder,
+        recorder,
         &pod,
         EventType::Warning,
         "GateTimedOut",
