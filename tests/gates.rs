@@ -105,23 +105,14 @@ async fn pods_held(
     count: usize,
     gate: &str,
 ) -> Vec<Pod> {
-    eventually(
-        &format!("{count} Pods {selector} in {ns} held by {gate}"),
-        WAIT,
-        || async {
-            let pods = workloads::pods(client, ns, selector)
-                .await
-                .map_err(|e| e.to_string())?;
-            let held = pods
-                .iter()
-                .filter(|p| gates(p).iter().any(|g| g == gate) && node(p).is_none())
-                .count();
-            if pods.len() == count && held == count {
-                Ok(pods)
-            } else {
-                Err(format!("{} Pods, {held} held", pods.len()))
-            }
-        },
+    let held = |p: &Pod| gates(p).iter().any(|g| g == gate) && node(p).is_none();
+    pods_all(
+        client,
+        ns,
+        selector,
+        count,
+        &format!("held by {gate}"),
+        held,
     )
     .await
 }
@@ -129,21 +120,31 @@ async fn pods_held(
 /// Waits until `count` Pods match `selector` and none carries an `initium.dev/` gate any
 /// more; returns them.
 async fn pods_released(client: &kube::Client, ns: &str, selector: &str, count: usize) -> Vec<Pod> {
+    let released = |p: &Pod| !gates(p).iter().any(|g| g.starts_with("initium.dev/"));
+    pods_all(client, ns, selector, count, "released", released).await
+}
+
+/// Waits until exactly `count` Pods match `selector`, every one of them `what`.
+async fn pods_all(
+    client: &kube::Client,
+    ns: &str,
+    selector: &str,
+    count: usize,
+    what: &str,
+    test: impl Fn(&Pod) -> bool,
+) -> Vec<Pod> {
     eventually(
-        &format!("{count} Pods {selector} in {ns} released"),
+        &format!("{count} Pods {selector} in {ns} {what}"),
         WAIT,
         || async {
             let pods = workloads::pods(client, ns, selector)
                 .await
                 .map_err(|e| e.to_string())?;
-            let released = pods
-                .iter()
-                .filter(|p| !gates(p).iter().any(|g| g.starts_with("initium.dev/")))
-                .count();
-            if pods.len() == count && released == count {
+            let passing = pods.iter().filter(|p| test(p)).count();
+            if pods.len() == count && passing == count {
                 Ok(pods)
             } else {
-                Err(format!("{} Pods, {released} released", pods.len()))
+                Err(format!("{} Pods, {passing} {what}", pods.len()))
             }
         },
     )
@@ -259,28 +260,50 @@ async fn create_deployment(client: &kube::Client, ns: &str, name: &str, replicas
         .unwrap();
 }
 
-#[tokio::test]
-async fn a_deployment_waits_for_a_service_then_all_its_pods_are_released_and_run() {
-    let _serial = serial().await;
+/// One test at a time, on the whole cluster with the CRDs: the guard and a client.
+async fn start() -> (tokio::sync::MutexGuard<'static, ()>, kube::Client) {
+    let guard = serial().await;
     cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
-    let client = workloads::client().await;
-    let serving = Serving::start();
-    let ns = workloads::namespace(&client, "gate-svc").await;
-    apply_rule(
-        &client,
-        &ns,
-        "web",
-        &gate_rule(&ns, "web", "[{service: {name: backend}}]", ""),
-    )
-    .await;
-    // The Service exists but has no endpoint yet: that is not ready.
-    Api::<Service>::namespaced(client.clone(), &ns)
+    (guard, workloads::client().await)
+}
+
+/// Applies the gate rule `rule` (YAML), creates one Pod labelled `wait=<rule>` and waits
+/// until the rule's gate holds it.
+async fn hold_one_pod(client: &kube::Client, ns: &str, rule: &str, yaml: &str) {
+    apply_rule(client, ns, rule, yaml).await;
+    create_pod(client, ns, rule, json!({})).await;
+    pods_held(client, ns, &format!("wait={rule}"), 1, &gate_of(ns, rule)).await;
+}
+
+/// The MutationRule `web` holding the Pods labelled `wait=web` until the Service `backend`
+/// has a ready endpoint, and that Service (with no Pod behind it yet).
+async fn web_waits_for_backend(client: &kube::Client, ns: &str) {
+    let rule = gate_rule(ns, "web", "[{service: {name: backend}}]", "");
+    apply_rule(client, ns, "web", &rule).await;
+    Api::<Service>::namespaced(client.clone(), ns)
         .create(
             &PostParams::default(),
             &workloads::service("backend", "backend"),
         )
         .await
         .unwrap();
+}
+
+/// A one-replica Deployment `backend` (label `app=backend`), the Pods behind the Service.
+async fn start_backend(client: &kube::Client, ns: &str) {
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &workloads::deployment("backend", 1))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_deployment_waits_for_a_service_then_all_its_pods_are_released_and_run() {
+    let (_serial, client) = start().await;
+    let serving = Serving::start();
+    let ns = workloads::namespace(&client, "gate-svc").await;
+    // The Service exists but has no endpoint yet: that is not ready.
+    web_waits_for_backend(&client, &ns).await;
     create_deployment(&client, &ns, "web", 20, "web").await;
     let gate = gate_of(&ns, "web");
     let held = pods_held(&client, &ns, "app=web", 20, &gate).await;
@@ -305,10 +328,7 @@ async fn a_deployment_waits_for_a_service_then_all_its_pods_are_released_and_run
 
     // The backing Deployment (not held: the rule matches wait=web only) becomes Available.
     let started = Instant::now();
-    Api::<Deployment>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &workloads::deployment("backend", 1))
-        .await
-        .unwrap();
+    start_backend(&client, &ns).await;
     workloads::ready_endpoints(&client, &ns, "backend", 1, WAIT).await;
     let released = pods_released(&client, &ns, "app=web", 20).await;
     eprintln!(
@@ -332,9 +352,7 @@ async fn a_deployment_waits_for_a_service_then_all_its_pods_are_released_and_run
 
 #[tokio::test]
 async fn job_pods_and_object_dependencies_release_when_they_hold() {
-    let _serial = serial().await;
-    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
-    let client = workloads::client().await;
+    let (_serial, client) = start().await;
     let _serving = Serving::start();
     let ns = workloads::namespace(&client, "gate-deps").await;
     // A custom resource whose status.phase flips, as kubernetes-entrypoint's custom-resource
@@ -372,16 +390,7 @@ spec:
     ] {
         // The cache's own Pods must not be held by the rule that waits for them.
         let exclude = "  exclude: {labels: {matchLabels: {app: cache}}}\n";
-        apply_rule(&client, &ns, rule, &gate_rule(&ns, rule, wait_for, exclude)).await;
-        create_pod(&client, &ns, rule, json!({})).await;
-        pods_held(
-            &client,
-            &ns,
-            &format!("wait={rule}"),
-            1,
-            &gate_of(&ns, rule),
-        )
-        .await;
+        hold_one_pod(&client, &ns, rule, &gate_rule(&ns, rule, wait_for, exclude)).await;
     }
     still_held_after(&client, &ns, "wait", Duration::from_secs(3)).await;
 
@@ -442,9 +451,7 @@ spec:
 
 #[tokio::test]
 async fn a_daemonset_dependency_narrows_node_affinity_to_its_ready_nodes() {
-    let _serial = serial().await;
-    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
-    let client = workloads::client().await;
+    let (_serial, client) = start().await;
     let _serving = Serving::start();
     let ns = workloads::namespace(&client, "gate-ds").await;
     apply_rule(
@@ -528,18 +535,10 @@ async fn a_daemonset_dependency_narrows_node_affinity_to_its_ready_nodes() {
 
 #[tokio::test]
 async fn another_controllers_gate_survives_the_release() {
-    let _serial = serial().await;
-    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
-    let client = workloads::client().await;
+    let (_serial, client) = start().await;
     let _serving = Serving::start();
     let ns = workloads::namespace(&client, "gate-foreign").await;
-    apply_rule(
-        &client,
-        &ns,
-        "web",
-        &gate_rule(&ns, "web", "[{service: {name: backend}}]", ""),
-    )
-    .await;
+    web_waits_for_backend(&client, &ns).await;
     let pod = create_pod(
         &client,
         &ns,
@@ -552,17 +551,7 @@ async fn another_controllers_gate_survives_the_release() {
         gates(&pod),
         ["example.com/quota".to_string(), gate_of(&ns, "web")]
     );
-    Api::<Service>::namespaced(client.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &workloads::service("backend", "backend"),
-        )
-        .await
-        .unwrap();
-    Api::<Deployment>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &workloads::deployment("backend", 1))
-        .await
-        .unwrap();
+    start_backend(&client, &ns).await;
     let released = pods_released(&client, &ns, "wait=web", 1).await;
     assert_eq!(gates(&released[0]), ["example.com/quota".to_string()]);
     still_held_after_foreign(&client, &ns, &pod_name).await;
@@ -589,9 +578,7 @@ async fn still_held_after_foreign(client: &kube::Client, ns: &str, pod: &str) {
 
 #[tokio::test]
 async fn timeouts_release_or_hold_and_a_deleted_rule_releases_its_pods() {
-    let _serial = serial().await;
-    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
-    let client = workloads::client().await;
+    let (_serial, client) = start().await;
     let serving = Serving::start();
     let ns = workloads::namespace(&client, "gate-timeout").await;
     let never = "[{service: {name: never}}]";
@@ -600,16 +587,7 @@ async fn timeouts_release_or_hold_and_a_deleted_rule_releases_its_pods() {
         ("hold", "    timeout: 6s\n    onTimeout: Hold\n"),
         ("deleted", ""),
     ] {
-        apply_rule(&client, &ns, rule, &gate_rule(&ns, rule, never, more)).await;
-        create_pod(&client, &ns, rule, json!({})).await;
-        pods_held(
-            &client,
-            &ns,
-            &format!("wait={rule}"),
-            1,
-            &gate_of(&ns, rule),
-        )
-        .await;
+        hold_one_pod(&client, &ns, rule, &gate_rule(&ns, rule, never, more)).await;
     }
     let released = pods_released(&client, &ns, "wait=release", 1).await;
     let timed_out = events(&client, &ns, &name(&released[0]), "GateTimedOut").await;
@@ -650,28 +628,13 @@ async fn timeouts_release_or_hold_and_a_deleted_rule_releases_its_pods() {
 
 #[tokio::test]
 async fn a_leader_killed_mid_wave_loses_no_release_and_writes_no_pod_twice() {
-    let _serial = serial().await;
-    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
-    let client = workloads::client().await;
+    let (_serial, client) = start().await;
     // Two releases at a time, so the wave of 100 lasts long enough to die in the middle of.
     let slow = ["--gate-release-concurrency", "2"];
     let mut first = Serving::start_with(&["--identity", "replica-a", slow[0], slow[1]]);
     let mut second = first.replica(&["--identity", "replica-b", slow[0], slow[1]]);
     let ns = workloads::namespace(&client, "gate-leader").await;
-    apply_rule(
-        &client,
-        &ns,
-        "web",
-        &gate_rule(&ns, "web", "[{service: {name: backend}}]", ""),
-    )
-    .await;
-    Api::<Service>::namespaced(client.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &workloads::service("backend", "backend"),
-        )
-        .await
-        .unwrap();
+    web_waits_for_backend(&client, &ns).await;
     create_deployment(&client, &ns, "web", 100, "web").await;
     pods_held(&client, &ns, "app=web", 100, &gate_of(&ns, "web")).await;
     let lease = first.name.clone();
@@ -691,10 +654,7 @@ async fn a_leader_killed_mid_wave_loses_no_release_and_writes_no_pod_twice() {
     eprintln!("Lease held by {holder}");
 
     // The dependency becomes ready, and the Lease holder dies as the wave starts.
-    Api::<Deployment>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &workloads::deployment("backend", 1))
-        .await
-        .unwrap();
+    start_backend(&client, &ns).await;
     workloads::ready_endpoints(&client, &ns, "backend", 1, WAIT).await;
     let started = Instant::now();
     eventually("the first release of the wave", WAIT, || async {
@@ -781,9 +741,7 @@ async fn a_leader_killed_mid_wave_loses_no_release_and_writes_no_pod_twice() {
 
 #[tokio::test]
 async fn a_mutation_rule_cannot_wait_on_another_namespace() {
-    let _serial = serial().await;
-    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
-    let client = workloads::client().await;
+    let (_serial, client) = start().await;
     let _serving = Serving::start();
     let ns = workloads::namespace(&client, "gate-isolation").await;
     let rule = gate_rule(

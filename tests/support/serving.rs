@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kube::api::Api;
 
-use initium::api::{ClusterMutationRule, MutationRule};
+use initium::api::MutationRule;
 
 use super::process::{Initium, InitiumOptions};
 use super::unique;
@@ -99,23 +99,6 @@ pub async fn apply_rule(client: &kube::Client, namespace: &str, name: &str, yaml
     let rules: Api<MutationRule> = Api::namespaced(client.clone(), namespace);
     eventually(
         &format!("MutationRule {namespace}/{name} to be Ready"),
-        Duration::from_secs(60),
-        || async {
-            let rule = rules.get(name).await.map_err(|e| e.to_string())?;
-            let status = serde_json::to_value(&rule.status).map_err(|e| e.to_string())?;
-            ready_for(&status, rule.metadata.generation)
-        },
-    )
-    .await;
-}
-
-/// Applies a ClusterMutationRule and waits until its status says the current generation is
-/// Ready.
-pub async fn apply_cluster_rule(client: &kube::Client, name: &str, yaml: &str) {
-    cluster().apply(yaml).unwrap_or_else(|e| panic!("{e:#}"));
-    let rules: Api<ClusterMutationRule> = Api::all(client.clone());
-    eventually(
-        &format!("ClusterMutationRule {name} to be Ready"),
         Duration::from_secs(60),
         || async {
             let rule = rules.get(name).await.map_err(|e| e.to_string())?;
