@@ -62,7 +62,8 @@ fn every_example_has_a_passing_test_case() {
             "podpreset",
             "registry-mirror",
             "sidecar",
-            "test-ca"
+            "test-ca",
+            "wait-for-db"
         ]
     );
     for name in &names {
@@ -78,7 +79,7 @@ fn every_example_has_a_passing_test_case() {
     let out = initium(&["test", "examples"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.ends_with("8 passed, 0 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("10 passed, 0 failed\n"), "{stdout}");
 }
 
 #[test]
@@ -282,7 +283,7 @@ fn check_accepts_the_examples() {
     let out = initium(&["check", "-r", "examples"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).ends_with("7 rule(s) valid\n"),
+        text(&out.stdout).ends_with("8 rule(s) valid\n"),
         "{}",
         text(&out.stdout)
     );
