@@ -4,7 +4,6 @@
 //! dependencies with their namespaces resolved, the tests on a dependency's state, and the
 //! compile-time checks (own namespace, Pods that would wait on themselves).
 
-use std::fmt;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -103,38 +102,20 @@ impl Dependency {
             Dependency::Job(t) => format!("Job {ns}/{}", t.name),
             Dependency::DaemonSet(t) => format!("DaemonSet {ns}/{}", t.name),
             Dependency::Pods { text, .. } => format!("Pods in {ns} matching {text}"),
-            Dependency::Object { kind, target, .. } => {
-                if target.namespace.is_none() && kind_is_cluster_scoped_hint(kind) {
-                    format!("{kind} {}", target.name)
-                } else {
-                    format!("{kind} {ns}/{}", target.name)
-                }
-            }
+            // A namespace the rule named; otherwise the kind may be cluster-scoped (discovery
+            // tells the controller), so none is made up here.
+            Dependency::Object { kind, target, .. } => match &target.namespace {
+                Some(ns) => format!("{kind} {ns}/{}", target.name),
+                None => format!("{kind} {}", target.name),
+            },
         }
     }
-}
 
-/// Only for messages: the object dependency's namespace is ignored by the controller for
-/// cluster-scoped kinds, which discovery tells; here a few well-known ones read better.
-fn kind_is_cluster_scoped_hint(kind: &str) -> bool {
-    matches!(
-        kind,
-        "Node" | "Namespace" | "CustomResourceDefinition" | "ClusterRole" | "StorageClass"
-    )
-}
-
-impl Conditions {
-    /// Whether every condition holds on `object`; a condition whose query fails does not hold.
-    pub fn hold_on(&self, object: &Value) -> bool {
-        self.hold(object).unwrap_or(false)
-    }
-}
-
-impl Dependency {
     /// For `object`: whether its conditions hold on `object` (no conditions: it exists).
     pub fn object_holds(&self, object: &Value) -> bool {
         match self {
-            Dependency::Object { conditions, .. } => conditions.hold_on(object),
+            // A condition whose query fails on this object does not hold.
+            Dependency::Object { conditions, .. } => conditions.hold(object).unwrap_or(false),
             _ => false,
         }
     }
@@ -451,12 +432,6 @@ fn describe_selector(s: &LabelSelector) -> String {
         });
     }
     format!("{{{}}}", parts.join(","))
-}
-
-impl fmt::Display for CompiledGate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.name)
-    }
 }
 
 #[cfg(test)]
