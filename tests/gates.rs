@@ -590,23 +590,27 @@ async fn timeouts_release_or_hold_and_a_deleted_rule_releases_its_pods() {
         hold_one_pod(&client, &ns, rule, &gate_rule(&ns, rule, never, more)).await;
     }
     let released = pods_released(&client, &ns, "wait=release", 1).await;
-    let timed_out = events(&client, &ns, &name(&released[0]), "GateTimedOut").await;
-    assert_eq!(timed_out.len(), 1, "{timed_out:?}");
+    // Events are posted after the release they tell of, so wait for them rather than
+    // expecting them the moment the gate is gone.
+    let released_pod = name(&released[0]);
+    let counts = events_for_all(
+        &client,
+        &ns,
+        std::slice::from_ref(&released_pod),
+        "GateTimedOut",
+    )
+    .await;
+    assert_eq!(
+        counts[&released_pod], 1,
+        "one GateTimedOut Event: {counts:?}"
+    );
+    let timed_out = events(&client, &ns, &released_pod, "GateTimedOut").await;
     assert_eq!(timed_out[0].type_.as_deref(), Some("Warning"));
     workloads::pods_running_and_ready(&client, &ns, "wait=release", 1, WAIT).await;
 
     // Hold: the Pod keeps its gate past the timeout, with a Warning saying so.
     let held = workloads::pods(&client, &ns, "wait=hold").await.unwrap();
-    let hold_pod = name(&held[0]);
-    eventually("a GateTimedOut Event for the Hold Pod", WAIT, || async {
-        let found = events(&client, &ns, &hold_pod, "GateTimedOut").await;
-        if found.is_empty() {
-            Err("none yet".to_string())
-        } else {
-            Ok(())
-        }
-    })
-    .await;
+    events_for_all(&client, &ns, &[name(&held[0])], "GateTimedOut").await;
     still_held_after(&client, &ns, "wait=hold", Duration::from_secs(3)).await;
     assert!(metric(&serving, "initium_gate_timeouts_total") >= 2.0);
 
@@ -617,11 +621,17 @@ async fn timeouts_release_or_hold_and_a_deleted_rule_releases_its_pods() {
         .output()
         .unwrap();
     let released = pods_released(&client, &ns, "wait=deleted", 1).await;
+    let released_pod = name(&released[0]);
+    let counts = events_for_all(
+        &client,
+        &ns,
+        std::slice::from_ref(&released_pod),
+        "GateRuleGone",
+    )
+    .await;
     assert_eq!(
-        events(&client, &ns, &name(&released[0]), "GateRuleGone")
-            .await
-            .len(),
-        1
+        counts[&released_pod], 1,
+        "one GateRuleGone Event: {counts:?}"
     );
     still_held_after(&client, &ns, "wait=hold", Duration::from_secs(1)).await;
 }
@@ -701,25 +711,38 @@ async fn a_leader_killed_mid_wave_loses_no_release_and_writes_no_pod_twice() {
     } else {
         "replica-a"
     };
-    // Every release's Event names the replica that wrote it. The survivor's are all there
-    // (the killed replica's last ones may have died with it): no Pod may have Events from
-    // both, or two from one, and the survivor wrote exactly the Pods it reported.
-    let mut by_survivor = 0;
-    let mut by_killed = 0;
-    for pod in released.iter().map(name) {
-        let found = events(&client, &ns, &pod, "GateReleased").await;
-        let mine = found
-            .iter()
-            .filter(|e| e.reporting_instance.as_deref() == Some(survivor_id))
-            .count();
-        assert!(
-            found.len() <= 1,
-            "Pod {pod} released more than once: {found:?}"
-        );
-        by_survivor += mine;
-        by_killed += found.len() - mine;
-    }
-    let written = survivor.metric("initium_gate_releases_total").unwrap();
+    // Every release's Event names the replica that wrote it. The survivor's all arrive (the
+    // killed replica's last ones may have died with it; Events are posted after the writes
+    // they tell of, so wait for them): no Pod may have Events from both, or two from one, and
+    // the survivor wrote exactly the Pods it reported.
+    let (by_survivor, by_killed, written) = eventually(
+        "a GateReleased Event from the survivor for each release it counted",
+        WAIT,
+        || async {
+            let written = survivor.metric("initium_gate_releases_total").unwrap() as usize;
+            let mut by_survivor = 0;
+            let mut by_killed = 0;
+            for pod in released.iter().map(name) {
+                let found = events(&client, &ns, &pod, "GateReleased").await;
+                assert!(
+                    found.len() <= 1,
+                    "Pod {pod} released more than once: {found:?}"
+                );
+                let mine = found
+                    .iter()
+                    .filter(|e| e.reporting_instance.as_deref() == Some(survivor_id))
+                    .count();
+                by_survivor += mine;
+                by_killed += found.len() - mine;
+            }
+            if by_survivor >= written {
+                Ok((by_survivor, by_killed, written))
+            } else {
+                Err(format!("{by_survivor} of {written} so far"))
+            }
+        },
+    )
+    .await;
     eprintln!(
         "GateReleased Events: {by_killed} from the killed replica, {by_survivor} from the survivor, which counted {written} releases and {} write conflicts",
         survivor
@@ -727,10 +750,7 @@ async fn a_leader_killed_mid_wave_loses_no_release_and_writes_no_pod_twice() {
             .unwrap()
     );
     assert!(by_survivor >= 1, "the survivor finished the wave");
-    assert_eq!(
-        written as usize, by_survivor,
-        "the survivor wrote what it reported"
-    );
+    assert_eq!(written, by_survivor, "the survivor wrote what it reported");
     assert!(
         by_survivor + at_kill.len() <= 100,
         "the survivor released Pods the killed replica had already released: {by_survivor} + {}",
