@@ -515,6 +515,45 @@ fn mutations_patch_upsert_foreach_rewrite_and_templates() {
 }
 
 #[test]
+fn an_add_into_a_missing_list_creates_the_list() {
+    // `-` or an index after a missing parent makes the parent a list (it used to become an
+    // object `{"-": ...}`, which the API server rejects).
+    let idx = index(vec![cmr(
+        "lists",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [{"patch": [
+            {"op": "add", "path": "/spec/tolerations/-", "value": {"key": "k", "operator": "Exists"}},
+            {"op": "add", "path": "/spec/initContainers/0", "value": {"name": "init", "image": "busybox"}},
+            {"op": "add", "path": "/spec/initContainers/-", "value": {"name": "second", "image": "busybox"}},
+            {"op": "add", "path": "/metadata/labels/team", "value": "a"}
+        ]}]}),
+    )]);
+    let out = admit(&idx, &pod("shop", "web"), Some("shop"));
+    assert_eq!(
+        out.object["spec"]["tolerations"],
+        json!([{"key": "k", "operator": "Exists"}])
+    );
+    assert_eq!(
+        out.object["spec"]["initContainers"],
+        json!([{"name": "init", "image": "busybox"}, {"name": "second", "image": "busybox"}])
+    );
+    assert_eq!(out.object["metadata"]["labels"], json!({"team": "a"}));
+    let mut patched = pod("shop", "web");
+    json_patch::patch(&mut patched, &out.patch()).unwrap();
+    assert_eq!(patched, out.object);
+
+    // An index past the end of a list just created is still an error of the rule.
+    let idx = index(vec![cmr(
+        "past",
+        json!({"match": {"kinds": ["Pod"]}, "failurePolicy": "Fail", "mutations": [{"patch": [
+            {"op": "add", "path": "/spec/tolerations/1", "value": {"key": "k"}}
+        ]}]}),
+    )]);
+    let denial = try_admit(&idx, &pod("shop", "web"), Some("shop"), Operation::Create, None)
+        .expect_err("index 1 of a new list");
+    assert!(denial.to_string().contains("spec.mutations[0]"), "{denial}");
+}
+
+#[test]
 fn upsert_replaces_by_key_and_is_idempotent() {
     let idx = index(vec![cmr(
         "u",

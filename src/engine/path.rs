@@ -131,6 +131,14 @@ impl Pointer {
         }
     }
 
+    /// True when the last token is `-` (the end of a list) or a list index: a missing parent
+    /// of this pointer is then created as a list, not an object.
+    pub fn names_list_slot(&self) -> bool {
+        self.tokens()
+            .last()
+            .is_some_and(|(token, _)| names_list_slot(&token))
+    }
+
     pub fn get<'a>(&self, doc: &'a Value) -> Option<&'a Value> {
         self.tokens().try_fold(doc, |v, (t, _)| step(v, &t))
     }
@@ -178,8 +186,10 @@ impl Pointer {
         true
     }
 
-    /// The value at the pointer, creating missing objects on the way (and `leaf` at the end).
-    /// Fails where an existing value on the way is not a container that can hold the next step.
+    /// The value at the pointer, creating missing containers on the way (and `leaf` at the
+    /// end): a list where the next token is `-` or a list index ([`Pointer::names_list_slot`]),
+    /// an object otherwise. Fails where an existing value on the way is not a container that
+    /// can hold the next step.
     pub fn get_or_create<'a>(
         &self,
         doc: &'a mut Value,
@@ -188,18 +198,17 @@ impl Pointer {
         let mut current = doc;
         let mut leaf = Some(leaf);
         let mut before = 0;
-        for (token, end) in self.tokens() {
-            let last = end == self.text.len();
+        let mut tokens = self.tokens().peekable();
+        while let Some((token, end)) = tokens.next() {
+            let next = tokens.peek().map(|(t, _)| t.as_ref());
             if current.is_null() {
                 *current = Value::Object(Default::default());
             }
             current = match current {
-                Value::Object(map) => map.entry(token.into_owned()).or_insert_with(|| {
-                    if last {
-                        leaf.take().map(|f| f()).unwrap_or(Value::Null)
-                    } else {
-                        Value::Object(Default::default())
-                    }
+                Value::Object(map) => map.entry(token.into_owned()).or_insert_with(|| match next {
+                    None => leaf.take().map(|f| f()).unwrap_or(Value::Null),
+                    Some(next) if names_list_slot(next) => Value::Array(Vec::new()),
+                    Some(_) => Value::Object(Default::default()),
                 }),
                 Value::Array(items) => match parse_index(&token) {
                     Some(i) if i < items.len() => &mut items[i],
@@ -290,6 +299,12 @@ fn step_mut<'a>(v: &'a mut Value, token: &str) -> Option<&'a mut Value> {
         Value::Array(items) => parse_index(token).and_then(|i| items.get_mut(i)),
         _ => None,
     }
+}
+
+/// `-` or a list index: a token that only a list can hold when its container is created.
+/// (A missing object that should get a key like `"0"` has to be added first.)
+fn names_list_slot(token: &str) -> bool {
+    token == "-" || parse_index(token).is_some()
 }
 
 fn parse_index(token: &str) -> Option<usize> {
@@ -857,6 +872,17 @@ mod tests {
             err.to_string(),
             "/spec/volumes: cannot descend into a string at \"/spec\""
         );
+        // A missing container whose next token is `-` or an index is a list.
+        let mut doc = json!({"spec": {}});
+        Pointer::parse("/spec/a/-/b")
+            .unwrap()
+            .get_or_create(&mut doc, || json!(1))
+            .unwrap_err();
+        assert_eq!(doc, json!({"spec": {"a": []}}));
+        assert!(Pointer::parse("/spec/tolerations/-").unwrap().names_list_slot());
+        assert!(Pointer::parse("/spec/initContainers/0").unwrap().names_list_slot());
+        assert!(!Pointer::parse("/spec/x/01").unwrap().names_list_slot());
+        assert!(!Pointer::parse("/metadata/labels/team").unwrap().names_list_slot());
     }
 
     #[test]

@@ -202,13 +202,20 @@ impl PatchStep {
                 }
             }
         }
-        // The operations that write at `path` (add, copy, move) create missing parent
-        // objects, so a rule does not depend on whether the object already has, say,
-        // annotations.
+        // The operations that write at `path` (add, copy, move) create missing parents, so a
+        // rule does not depend on whether the object already has, say, annotations or
+        // tolerations: a list when the path ends in `-` or an index, an object otherwise.
         if matches!(self.op, PatchOp::Add | PatchOp::Copy | PatchOp::Move)
             && let Some(parent) = self.path.parent()
         {
-            parent.get_or_create(target, || Value::Object(Default::default()))?;
+            let in_list = self.path.names_list_slot();
+            parent.get_or_create(target, || {
+                if in_list {
+                    Value::Array(Vec::new())
+                } else {
+                    Value::Object(Default::default())
+                }
+            })?;
         }
         let path = self.path_buf.clone();
         let from = || self.from.clone().unwrap_or_default();
