@@ -39,7 +39,12 @@ pub const MAX_QUERY_DESCENDANTS: usize = 2;
 /// Nesting of brackets and parentheses in a JSONPath query (the parser is recursive).
 pub const MAX_QUERY_NESTING: usize = 32;
 
-/// Regular expressions one rule may have (conditions and rewrites together).
+/// How deep template function calls may nest (`lower(trim(...))` is 2): the template parser
+/// is recursive, and each level may build a value.
+pub const MAX_CALL_NESTING: usize = 8;
+
+/// Regular expressions one rule may have (conditions, rewrites and the `replace()` calls of
+/// templates together).
 pub const MAX_RULE_REGEXES: usize = 32;
 
 /// Compiled size of all of one rule's regular expressions together; each gets an equal share,
@@ -306,6 +311,63 @@ pub(crate) fn check_depth(depth: usize, at_depth: usize) -> Result<(), Stop> {
         return Err(LimitError::Depth.into());
     }
     Ok(())
+}
+
+/// `regex.replace_all(text, replacement)`, refusing before it builds a result larger than
+/// the rule may still write (a replacement such as `$0$0` doubles the text each time a rule
+/// applies it). `None` when nothing matched. Rewrites and the templates' `replace()` use it.
+pub(crate) fn replace_all(
+    regex: &Regex,
+    text: &str,
+    replacement: &str,
+    meter: &mut Meter,
+) -> Result<Option<String>, Stop> {
+    // Each `$` reference expands to at most the whole match (groups lie inside it).
+    let references = replacement.matches('$').count();
+    let limit = meter.remaining();
+    let mut out = String::new();
+    let mut last = 0;
+    let mut matched = false;
+    let check = |meter: &mut Meter, out: &String, last: usize, start: usize, end: usize| {
+        let most = out.len() + (start - last) + replacement.len() + references * (end - start);
+        if most > limit {
+            // Counting what it would write fails, with the limit in the message.
+            return meter.write(most);
+        }
+        Ok(())
+    };
+    if references == 0 {
+        for (n, m) in regex.find_iter(text).enumerate() {
+            check(meter, &out, last, m.start(), m.end())?;
+            out.push_str(&text[last..m.start()]);
+            out.push_str(replacement);
+            last = m.end();
+            matched = true;
+            if n % 64 == 63 {
+                meter.check_clock()?;
+            }
+        }
+    } else {
+        for (n, caps) in regex.captures_iter(text).enumerate() {
+            let Some(whole) = caps.get(0) else {
+                continue;
+            };
+            check(meter, &out, last, whole.start(), whole.end())?;
+            out.push_str(&text[last..whole.start()]);
+            caps.expand(replacement, &mut out);
+            last = whole.end();
+            matched = true;
+            if n % 64 == 63 {
+                meter.check_clock()?;
+            }
+        }
+    }
+    if !matched {
+        return Ok(None);
+    }
+    out.push_str(&text[last..]);
+    meter.write(out.len())?;
+    Ok(Some(out))
 }
 
 /// Compiles a rule's regular expression within `size_limit` bytes (its share of what all the

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::api;
 use crate::engine::journal::Journal;
-use crate::engine::limits::{Meter, Stop};
+use crate::engine::limits::{Meter, Stop, replace_all};
 use crate::engine::path::{Pointer, type_name};
 
 use super::{Compiler, MutationError, Site};
@@ -39,7 +39,7 @@ impl Rewrite {
         match self.path.get_mut(target) {
             None => Ok(()),
             Some(Value::String(current)) => {
-                if let Some(new) = rewrite(&self.regex, current, &self.replacement, meter)?
+                if let Some(new) = replace_all(&self.regex, current, &self.replacement, meter)?
                     && new != *current
                 {
                     let prior = std::mem::replace(current, new);
@@ -54,61 +54,4 @@ impl Rewrite {
             .into()),
         }
     }
-}
-
-/// `regex.replace_all(text, replacement)`, refusing before it builds a result larger than
-/// the rule may still write (a replacement such as `$0$0` doubles the text each time a rule
-/// applies it). `None` when nothing matched.
-fn rewrite(
-    regex: &Regex,
-    text: &str,
-    replacement: &str,
-    meter: &mut Meter,
-) -> Result<Option<String>, Stop> {
-    // Each `$` reference expands to at most the whole match (groups lie inside it).
-    let references = replacement.matches('$').count();
-    let limit = meter.remaining();
-    let mut out = String::new();
-    let mut last = 0;
-    let mut matched = false;
-    let check = |meter: &mut Meter, out: &String, last: usize, start: usize, end: usize| {
-        let most = out.len() + (start - last) + replacement.len() + references * (end - start);
-        if most > limit {
-            // Counting what it would write fails, with the limit in the message.
-            return meter.write(most);
-        }
-        Ok(())
-    };
-    if references == 0 {
-        for (n, m) in regex.find_iter(text).enumerate() {
-            check(meter, &out, last, m.start(), m.end())?;
-            out.push_str(&text[last..m.start()]);
-            out.push_str(replacement);
-            last = m.end();
-            matched = true;
-            if n % 64 == 63 {
-                meter.check_clock()?;
-            }
-        }
-    } else {
-        for (n, caps) in regex.captures_iter(text).enumerate() {
-            let Some(whole) = caps.get(0) else {
-                continue;
-            };
-            check(meter, &out, last, whole.start(), whole.end())?;
-            out.push_str(&text[last..whole.start()]);
-            caps.expand(replacement, &mut out);
-            last = whole.end();
-            matched = true;
-            if n % 64 == 63 {
-                meter.check_clock()?;
-            }
-        }
-    }
-    if !matched {
-        return Ok(None);
-    }
-    out.push_str(&text[last..]);
-    meter.write(out.len())?;
-    Ok(Some(out))
 }
