@@ -484,6 +484,18 @@ impl Query {
         Ok(())
     }
 
+    /// True for an RFC 9535 singular query (only single names and indices, such as
+    /// `$.spec.containers[0].args`): it selects at most one value, whatever the object.
+    pub fn is_singular(&self) -> bool {
+        self.simple.as_ref().is_some_and(|steps| {
+            steps.iter().all(|step| match step {
+                Step::Names(names) => names.len() == 1,
+                Step::Index(_) => true,
+                Step::Wildcard => false,
+            })
+        })
+    }
+
     /// The selected values. Queries are validated at compile time, so an evaluation error
     /// (which the library reports for some type mismatches) selects nothing. Fails only when
     /// the query would do too much work (see `check_work`).
@@ -879,10 +891,22 @@ mod tests {
             .get_or_create(&mut doc, || json!(1))
             .unwrap_err();
         assert_eq!(doc, json!({"spec": {"a": []}}));
-        assert!(Pointer::parse("/spec/tolerations/-").unwrap().names_list_slot());
-        assert!(Pointer::parse("/spec/initContainers/0").unwrap().names_list_slot());
+        assert!(
+            Pointer::parse("/spec/tolerations/-")
+                .unwrap()
+                .names_list_slot()
+        );
+        assert!(
+            Pointer::parse("/spec/initContainers/0")
+                .unwrap()
+                .names_list_slot()
+        );
         assert!(!Pointer::parse("/spec/x/01").unwrap().names_list_slot());
-        assert!(!Pointer::parse("/metadata/labels/team").unwrap().names_list_slot());
+        assert!(
+            !Pointer::parse("/metadata/labels/team")
+                .unwrap()
+                .names_list_slot()
+        );
     }
 
     #[test]

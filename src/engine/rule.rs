@@ -337,7 +337,7 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
     if regexes > MAX_RULE_REGEXES {
         errors.push(
             "spec",
-            format!("the rule has {regexes} regular expressions (conditions' matches and rewrites); at most {MAX_RULE_REGEXES} are allowed: split it into several rules"),
+            format!("the rule has {regexes} regular expressions (conditions' matches, rewrites and replace() in templates); at most {MAX_RULE_REGEXES} are allowed: split it into several rules"),
         );
     }
     let regex_limit = regex_share(regexes);
@@ -429,7 +429,8 @@ fn gate_mutations(name: &str, regex_limit: usize, errors: &mut Errors) -> Vec<Mu
         .collect()
 }
 
-/// The regular expressions of a rule: conditions' `matches` and rewrites, also in `forEach`.
+/// The regular expressions of a rule: conditions' `matches`, rewrites and templates'
+/// `replace()`, also in `forEach`.
 fn count_regexes(spec: &RuleSpec) -> usize {
     let conditions = spec
         .conditions

@@ -35,7 +35,7 @@ use super::journal::Journal;
 use super::limits::{MAX_DEPTH, Meter, Stop, compile_regex, measure};
 use super::literal::Lit;
 use super::path::Pointer;
-use super::template::{Scope, Template};
+use super::template::{self, Scope, Template};
 
 /// A compiled mutation: one variant per kind.
 #[derive(Clone, Debug)]
@@ -82,8 +82,9 @@ fn compile_kind(kind: MutationKind, at: &str, cx: &mut Compiler) -> Option<Mutat
     }
 }
 
-/// The regular expressions a mutation compiles (rewrites, also inside `forEach`), counted
-/// before compiling, since each gets a share of what the rule's may use.
+/// The regular expressions a mutation compiles (rewrites and templates' `replace()`, also
+/// inside `forEach`), counted before compiling, since each gets a share of what the rule's
+/// may use.
 pub(crate) fn count_regexes(m: &api::Mutation) -> usize {
     let is_rewrite = |kind: &MutationKind| matches!(kind, MutationKind::Rewrite(_));
     let nested: usize = m
@@ -92,7 +93,10 @@ pub(crate) fn count_regexes(m: &api::Mutation) -> usize {
         .flatten()
         .map(|n| n.kinds().filter(is_rewrite).count())
         .sum();
-    m.kinds().filter(is_rewrite).count() + nested
+    // Templates are looked for in every string of the mutation, whatever its kind: a string
+    // that is not a template value holds none (that is an error of the rule).
+    let in_templates = serde_json::to_value(m).map_or(0, |v| template::count_regexes(&v));
+    m.kinds().filter(is_rewrite).count() + nested + in_templates
 }
 
 impl Mutation {
@@ -185,7 +189,11 @@ impl Compiler<'_> {
 
     /// A value of the mutation with its templates compiled.
     pub fn template(&mut self, value: &Value, field: &str) -> Option<Template> {
-        match Template::compile(value, self.in_for_each) {
+        let context = template::Context {
+            element_allowed: self.in_for_each,
+            regex_limit: self.regex_limit,
+        };
+        match Template::compile(value, &context) {
             Ok(t) => {
                 self.renders |= t.literal().is_none();
                 Some(t)
