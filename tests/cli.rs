@@ -537,3 +537,55 @@ fn every_examples_patch_turns_its_input_into_its_output() {
         }
     }
 }
+
+#[test]
+fn check_refuses_templates_where_they_cannot_work_and_function_calls_that_cannot_run() {
+    // `{{ }}` in a path, a key field or a forEach was once taken literally; whatever
+    // `check` accepts must work.
+    let out = initium(&["check", "-r", "tests/data/invalid-templates.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    let f = "(tests/data/invalid-templates.yaml";
+    let want = [
+        format!(
+            "ClusterMutationRule templated-paths {f}#1): spec.mutations[0].patch[0].path: templates are not allowed in patch[0].path: a path is fixed when the rule is compiled; to change places the object chooses, select them with forEach, and to name a key after a value, template a key of a merge or patch value"
+        ),
+        format!(
+            "ClusterMutationRule templated-paths {f}#1): spec.mutations[0].patch[1].from: templates are not allowed in patch[1].from: a path is fixed when the rule is compiled; to change places the object chooses, select them with forEach, and to name a key after a value, template a key of a merge or patch value"
+        ),
+        format!(
+            "ClusterMutationRule templated-paths {f}#1): spec.mutations[1].upsert.path: templates are not allowed in upsert.path: a path is fixed when the rule is compiled; to change places the object chooses, select them with forEach, and to name a key after a value, template a key of a merge or patch value"
+        ),
+        format!(
+            "ClusterMutationRule templated-paths {f}#1): spec.mutations[1].upsert.key: templates are not allowed in upsert.key: the key field is fixed when the rule is compiled (its value in upsert.value may be a template)"
+        ),
+        format!(
+            "ClusterMutationRule templated-paths {f}#1): spec.mutations[2].rewrite.path: templates are not allowed in rewrite.path: a path is fixed when the rule is compiled; to change places the object chooses, select them with forEach, and to name a key after a value, template a key of a merge or patch value"
+        ),
+        format!(
+            "ClusterMutationRule templated-paths {f}#1): spec.mutations[3].forEach: templates are not allowed in forEach: the JSONPath is fixed when the rule is compiled; it can choose elements by their content with a filter, like $.spec.containers[?@.name == 'app']"
+        ),
+        format!(
+            "ClusterMutationRule bad-calls {f}#2): spec.mutations[0].merge (at /metadata/labels/a): template {{{{ lowercase($.metadata.name) }}}}: there is no function lowercase(); the functions are base64Decode(s), base64Encode(s), default(value, fallback), fromJson(s), image(s), join(separator, list), lower(s), replace(s, 'regex', replacement), sha256(s), split(s, separator), toJson(value), trim(s), trimPrefix(s, prefix), trimSuffix(s, suffix), upper(s)"
+        ),
+        format!(
+            "ClusterMutationRule bad-calls {f}#2): spec.mutations[1].mutations[0].merge (at /metadata/annotations/x~1{{{{ join(@.name) }}}}): template {{{{ join(@.name) }}}}: join() takes 2 arguments, as in join(separator, list); it was given 1"
+        ),
+        format!(
+            "ClusterMutationRule bad-calls {f}#2): spec.mutations[1].mutations[1].patch[0].value: template {{{{ replace(@.image, @.name, 'x') }}}}: the regular expression of replace() must be a quoted string, replace(s, '^a(.*)$', 'b$1'), so that it is compiled once with the rule"
+        ),
+        format!(
+            "ClusterMutationRule bad-calls {f}#2): spec.mutations[2].upsert.value (at /name): template {{{{ replace($.metadata.name, '\\w{{20}}\\w{{20}}\\w{{20}}\\w{{20}}', '') }}}}: replace(): regular expression \"\\\\w{{20}}\\\\w{{20}}\\\\w{{20}}\\\\w{{20}}\" is too large once compiled (over 1 MiB; a rule's regular expressions share 4 MiB): simplify it, for example [a-zA-Z0-9_] instead of \\w, which matches every Unicode letter and digit, or fewer repetitions"
+        ),
+    ];
+    assert_eq!(
+        stderr.lines().next(),
+        Some("error: 10 error(s) in 2 rule(s):")
+    );
+    let lines: Vec<&str> = stderr.lines().skip(1).collect();
+    assert_eq!(lines, want.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        !stderr.contains("good-calls"),
+        "the valid rule is not reported"
+    );
+}

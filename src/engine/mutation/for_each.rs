@@ -22,9 +22,13 @@ pub(super) fn compile(
     at: &str,
     cx: &mut Compiler,
 ) -> Option<ForEach> {
-    let query = Query::parse(query)
-        .map_err(|e| cx.push(format!("{at}.forEach"), e))
-        .ok();
+    let field = format!("{at}.forEach");
+    let hint = "the JSONPath is fixed when the rule is compiled; it can choose elements by their content with a filter, like $.spec.containers[?@.name == 'app']";
+    let query = if cx.fixed(query, &field, hint) {
+        Query::parse(query).map_err(|e| cx.push(field, e)).ok()
+    } else {
+        None
+    };
     let specs = match mutations {
         Some(list) if !list.is_empty() => list,
         _ => {

@@ -211,7 +211,29 @@ impl Compiler<'_> {
     }
 
     pub fn pointer(&mut self, text: &str, field: &str) -> Option<Pointer> {
+        if !self.fixed(text, field, "a path is fixed when the rule is compiled; to change places the object chooses, select them with forEach, and to name a key after a value, template a key of a merge or patch value") {
+            return None;
+        }
         Pointer::parse(text).map_err(|e| self.push(field, e)).ok()
+    }
+
+    /// False, with the rule's error, when `text` — a field that is not a template value —
+    /// holds `{{`: it would be taken literally, and what `check` accepts must work. `hint`
+    /// says what to do instead.
+    pub fn fixed(&mut self, text: &str, field: &str, hint: &str) -> bool {
+        if !text.contains("{{") {
+            return true;
+        }
+        // `upsert.path`, not `spec.mutations[0].upsert.path`: the field is named before.
+        let short = field
+            .rfind("mutations[")
+            .and_then(|i| field[i..].find("].").map(|j| &field[i + j + 2..]))
+            .unwrap_or(field);
+        self.push(
+            field,
+            format!("templates are not allowed in {short}: {hint}"),
+        );
+        false
     }
 
     pub fn regex(&mut self, pattern: &str, field: &str) -> Option<Regex> {

@@ -20,6 +20,11 @@ pub(crate) struct Upsert {
 
 pub(super) fn compile(spec: &api::Upsert, at: &str, cx: &mut Compiler) -> Option<Upsert> {
     let path = cx.pointer(&spec.path, &format!("{at}.upsert.path"));
+    let key_fixed = cx.fixed(
+        &spec.key,
+        &format!("{at}.upsert.key"),
+        "the key field is fixed when the rule is compiled (its value in upsert.value may be a template)",
+    );
     if spec.key.is_empty() {
         cx.push(
             format!("{at}.upsert.key"),
@@ -33,7 +38,7 @@ pub(super) fn compile(spec: &api::Upsert, at: &str, cx: &mut Compiler) -> Option
                 format!("must be an object, not {}", type_name(&spec.value)),
             );
         }
-        None if !spec.key.is_empty() => {
+        None if key_fixed && !spec.key.is_empty() => {
             cx.push(
                 format!("{at}.upsert.value"),
                 format!("has no key field {:?}", spec.key),
@@ -42,7 +47,7 @@ pub(super) fn compile(spec: &api::Upsert, at: &str, cx: &mut Compiler) -> Option
         _ => {}
     }
     let value = cx.template(&spec.value, &format!("{at}.upsert.value"));
-    if spec.key.is_empty() || spec.value.get(&spec.key).is_none() {
+    if !key_fixed || spec.key.is_empty() || spec.value.get(&spec.key).is_none() {
         return None;
     }
     Some(Upsert {
