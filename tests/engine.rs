@@ -671,3 +671,90 @@ fn the_index_only_offers_rules_for_the_kind_and_namespace() {
     assert_eq!(names(Some("team-b"), true), ["any", "pods"]);
     assert_eq!(names(None, false), ["any", "pods"]);
 }
+
+#[test]
+fn templates_build_keys_and_call_functions() {
+    // Keys from the object ($) and from each forEach element (@, in maps below the element),
+    // and labels, env and annotations built with functions.
+    let idx = index(vec![cmr(
+        "functions",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"forEach": "$.spec.containers[*]", "mutations": [
+                {"merge": {"resources": {"limits": {"example.com/{{ @.name }}-slots": 1}}}},
+                {"upsert": {"path": "/env", "key": "name", "value": {
+                    "name": "IMAGE_{{ upper(@.name) }}",
+                    "value": "{{ image(@.image).registry }}/{{ image(@.image).repository }}:{{ image(@.image).tag }}"}}}
+            ]},
+            {"merge": {"metadata": {
+                "annotations": {"owner.example.com/{{ $.metadata.namespace }}": "{{ $.metadata.name }}"},
+                "labels": {
+                    "tier": "{{ default($.metadata.labels.tier, 'web') }}",
+                    "containers": "{{ join('.', $.spec.containers[*].name) }}",
+                    "name-hash": "{{ replace(sha256($.metadata.name), '^(.{8}).*$', '$1') }}"}}}},
+            {"patch": [{"op": "add", "path": "/metadata/annotations/images",
+                        "value": "{{ toJson(split(join(',', $.spec.containers[*].image), ',')) }}"}]}
+        ]}),
+    )]);
+    let out = admit(&idx, &pod("shop", "web"), Some("shop"));
+    assert_eq!(
+        annotations(&out),
+        &json!({
+            "owner.example.com/shop": "web",
+            "images": "[\"nginx\",\"busybox\"]",
+            "initium.dev/mutated-by": "functions"
+        })
+    );
+    assert_eq!(
+        out.object["metadata"]["labels"],
+        json!({"tier": "web", "containers": "app.side", "name-hash": "4b5e57f6"})
+    );
+    assert_eq!(
+        out.object["spec"]["containers"][1],
+        json!({"name": "side", "image": "busybox",
+               "resources": {"limits": {"example.com/side-slots": 1}},
+               "env": [{"name": "IMAGE_SIDE", "value": "docker.io/library/busybox:latest"}]})
+    );
+    // Applied again, nothing changes.
+    let again = admit(&idx, &out.object, Some("shop"));
+    assert_eq!(again.object, out.object);
+}
+
+#[test]
+fn a_function_that_cannot_run_fails_the_rule_with_its_field_and_function() {
+    let idx = index(vec![cmr(
+        "decode",
+        json!({"failurePolicy": "Fail", "match": {"kinds": ["Pod"]}, "mutations": [
+            {"merge": {"metadata": {"labels": {"a": "b"}}}},
+            {"forEach": "$.spec.containers[*]", "mutations": [
+                {"merge": {"metadata": {"annotations": {"{{ @.image }}": "{{ base64Decode(@.name) }}"}}}}
+            ]}
+        ]}),
+    )]);
+    let denial = try_admit(
+        &idx,
+        &pod("shop", "web"),
+        Some("shop"),
+        Operation::Create,
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(
+        denial.message,
+        "ClusterMutationRule decode (failurePolicy Fail) failed: spec.mutations[1]: forEach element /spec/containers/0: template {{ base64Decode(@.name) }}: base64Decode(): its argument is not valid base64 (Invalid last symbol 112, offset 2.)"
+    );
+    // Two containers with the same image would give one annotation key twice.
+    let same = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "shop"},
+        "spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "x"}]}});
+    let idx = index(vec![cmr(
+        "keys",
+        json!({"failurePolicy": "Fail", "match": {"kinds": ["Pod"]}, "mutations": [
+            {"merge": {"metadata": {"annotations": {
+                "{{ $.spec.containers[0].image }}": "1", "{{ $.spec.containers[1].image }}": "2"}}}}
+        ]}),
+    )]);
+    let denial = try_admit(&idx, &same, Some("shop"), Operation::Create, None).unwrap_err();
+    assert_eq!(
+        denial.message,
+        "ClusterMutationRule keys (failurePolicy Fail) failed: spec.mutations[0]: the key \"{{ $.spec.containers[1].image }}\" renders to \"x\", which another key of the same object has too; keys must render to different strings"
+    );
+}

@@ -506,3 +506,96 @@ fn a_mutation_rule_may_only_wait_on_its_own_namespace() {
     let (_, errors) = compile_all(&[mr("team", "own", gate("team"))]);
     assert!(errors.is_empty(), "{errors:?}");
 }
+
+#[test]
+fn hostile_template_functions_stop_at_the_output_limit_before_building() {
+    // Each step doubles (or more) what the previous wrote, through a function: the rule
+    // stops at the per-rule output limit with its field, the good rule still runs.
+    let grow = |value: &str| json!({"merge": {"metadata": {"annotations": {"x": value}}}});
+    let seed = json!({"merge": {"metadata": {"annotations": {"x": "ab"}}}});
+    for (template, steps) in [
+        // toJson escapes the quotes of the text it wraps: more than doubles each time.
+        (
+            "{{ toJson(split(join($.metadata.annotations.x, split($.metadata.annotations.x, '')), '')) }}",
+            0,
+        ),
+        (
+            "{{ join($.metadata.annotations.x, split($.metadata.annotations.x, 'a')) }}",
+            30,
+        ),
+        ("{{ replace($.metadata.annotations.x, '.', '$0$0') }}", 30),
+        (
+            "{{ base64Encode(base64Encode($.metadata.annotations.x)) }}",
+            30,
+        ),
+        ("{{ toJson(toJson($.metadata.annotations)) }}", 30),
+    ] {
+        if steps == 0 {
+            // split() with an empty separator is the rule's error, not a million pieces.
+            assert_hostile_contained(
+                json!({"match": {"kinds": ["Pod"]}, "mutations": [seed.clone(), grow(template)]}),
+                1,
+                "split(): the separator is empty",
+            );
+            continue;
+        }
+        let mut mutations = vec![seed.clone()];
+        mutations.extend(std::iter::repeat_n(grow(template), steps));
+        assert_hostile_contained(
+            json!({"match": {"kinds": ["Pod"]}, "mutations": mutations}),
+            1,
+            "(the per-rule output limit, --max-rule-output)",
+        );
+    }
+    // One step that would build megabytes from a large string is refused before building it.
+    let big = "a".repeat(600_000);
+    for template in [
+        "{{ split($.metadata.annotations.big, 'a') }}",
+        "{{ fromJson(toJson($.metadata.annotations.big)) }}",
+        "{{ base64Decode(base64Encode($.metadata.annotations.big)) }}",
+    ] {
+        assert_hostile_contained(
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [
+                {"merge": {"metadata": {"annotations": {"big": big}}}},
+                {"merge": {"spec": {"copy": template}}}]}),
+            1,
+            "spec.mutations[1]: the rule would write more than 1 MiB",
+        );
+    }
+}
+
+#[test]
+fn hostile_template_shapes_are_refused_when_the_rule_is_compiled() {
+    let nested = format!("{{{{ {}$.a{} }}}}", "trim(".repeat(50), ")".repeat(50));
+    let error = compile_error(json!({"match": {"kinds": ["Pod"]},
+        "mutations": [{"merge": {"a": nested}}]}));
+    assert!(
+        error.contains("spec.mutations[0].merge (at /a): template {{ trim(trim(")
+            && error.contains("function calls nest more than 8 deep (the limit)"),
+        "{error}"
+    );
+    // replace() patterns count with the rule's other regular expressions.
+    let many: Vec<Value> = (0..40)
+        .map(|i| json!({"merge": {"metadata": {"labels": {format!("l{i}"): "{{ replace($.metadata.name, '\\w{20}', 'x') }}"}}}}))
+        .collect();
+    let error = compile_error(json!({"match": {"kinds": ["Pod"]}, "mutations": many}));
+    assert!(
+        error.contains("spec: the rule has 40 regular expressions (conditions' matches, rewrites and replace() in templates)"),
+        "{error}"
+    );
+    // fromJson of deeply nested text stops at the depth limit, whatever serde_json accepts.
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    assert_hostile_contained(
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"merge": {"spec": {"deep": format!("{{{{ fromJson('{deep}') }}}}")}}}]}),
+        1,
+        "fromJson(): its argument is not JSON (recursion limit exceeded",
+    );
+    let deep = format!("{}{}", "[".repeat(102), "]".repeat(102));
+    assert_hostile_contained(
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"merge": {"spec": {"deep": format!("{{{{ fromJson('{deep}') }}}}")}}}]}),
+        1,
+        "the JSON nests more than 100 levels deep (the depth limit)",
+    );
+}
