@@ -203,7 +203,8 @@ pub struct Condition {
 )]
 pub struct Mutation {
     /// RFC 7396 JSON merge patch applied to the object (or the `forEach` element). `null`
-    /// removes a field.
+    /// removes a field. Its strings and keys may hold templates, such as
+    /// `{{ $.metadata.name }}` or `{{ lower(@.name) }}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "any_json_object")]
     pub merge: Option<Value>,
@@ -370,7 +371,8 @@ pub struct PatchOperation {
     /// Source pointer for `move` and `copy`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
-    /// Value for `add`, `replace` and `test` (`null` included).
+    /// Value for `add`, `replace` and `test` (`null` included). Its strings and keys may hold
+    /// templates.
     #[serde(
         default,
         deserialize_with = "present",
@@ -404,7 +406,7 @@ pub struct Upsert {
     /// The field that identifies an element, e.g. `name`.
     #[schemars(length(max = 256))]
     pub key: String,
-    /// The element; it must have the `key` field.
+    /// The element; it must have the `key` field. Its strings and keys may hold templates.
     #[schemars(schema_with = "any_json_object")]
     pub value: Value,
 }
