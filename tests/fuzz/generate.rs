@@ -325,6 +325,22 @@ const TEMPLATES: &[&str] = &[
     "{{ $.a[ }}",
     "{{ $.metadata.name }}{{ $.metadata.name }}",
     "{{ $.spec.containers[?@.name == 'api'].image }}",
+    "{{ lower(@.name) }}",
+    "{{ upper(trim($.metadata.name)) }}-x",
+    "{{ join(',', $..image) }}",
+    "{{ split($.metadata.name, '-') }}",
+    "{{ split($.metadata.name, '') }}",
+    "{{ replace(@.image, '(.)', '$1$1') }}",
+    "{{ replace($.metadata.name, '(', 'x') }}",
+    "{{ default($.metadata.labels.app, @) }}",
+    "{{ base64Decode(base64Encode(toJson($))) }}",
+    "{{ fromJson(toJson($.spec)).containers[0] }}",
+    "{{ fromJson($.metadata.name) }}",
+    "{{ sha256(@.name) }}",
+    "{{ image(@.image) }}",
+    "{{ image(@.image).tag }}/{{ image($.metadata.name)['digest'] }}",
+    "{{ nope(@) }}",
+    "{{ lower(lower(lower(lower(lower(lower(lower(lower(lower(@.name))))))))) }}",
 ];
 
 pub fn name(rng: &mut Rng) -> String {
