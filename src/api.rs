@@ -178,7 +178,8 @@ pub struct Condition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub matches: Option<String>,
-    /// JSON value; holds when any selected value is equal to it (`null` included).
+    /// JSON value; holds when any selected value is equal to it (`null` included; numbers
+    /// compare by value: `60` equals `60.0`).
     #[serde(
         default,
         deserialize_with = "present",

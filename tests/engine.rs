@@ -548,8 +548,14 @@ fn an_add_into_a_missing_list_creates_the_list() {
             {"op": "add", "path": "/spec/tolerations/1", "value": {"key": "k"}}
         ]}]}),
     )]);
-    let denial = try_admit(&idx, &pod("shop", "web"), Some("shop"), Operation::Create, None)
-        .expect_err("index 1 of a new list");
+    let denial = try_admit(
+        &idx,
+        &pod("shop", "web"),
+        Some("shop"),
+        Operation::Create,
+        None,
+    )
+    .expect_err("index 1 of a new list");
     assert!(denial.to_string().contains("spec.mutations[0]"), "{denial}");
 }
 

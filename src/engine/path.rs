@@ -879,10 +879,22 @@ mod tests {
             .get_or_create(&mut doc, || json!(1))
             .unwrap_err();
         assert_eq!(doc, json!({"spec": {"a": []}}));
-        assert!(Pointer::parse("/spec/tolerations/-").unwrap().names_list_slot());
-        assert!(Pointer::parse("/spec/initContainers/0").unwrap().names_list_slot());
+        assert!(
+            Pointer::parse("/spec/tolerations/-")
+                .unwrap()
+                .names_list_slot()
+        );
+        assert!(
+            Pointer::parse("/spec/initContainers/0")
+                .unwrap()
+                .names_list_slot()
+        );
         assert!(!Pointer::parse("/spec/x/01").unwrap().names_list_slot());
-        assert!(!Pointer::parse("/metadata/labels/team").unwrap().names_list_slot());
+        assert!(
+            !Pointer::parse("/metadata/labels/team")
+                .unwrap()
+                .names_list_slot()
+        );
     }
 
     #[test]

@@ -102,8 +102,47 @@ impl Condition {
             Test::Matches(re) => found
                 .iter()
                 .any(|v| v.as_str().is_some_and(|s| re.is_match(s))),
-            Test::Equals(want) => found.contains(&want),
+            Test::Equals(want) => found.iter().any(|v| same_value(v, want)),
             Test::Exists(want) => found.is_empty() != *want,
         })
+    }
+}
+
+/// JSON equality with numbers compared by value, as JSONPath filters compare them: `60`,
+/// `60.0` and `6e1` are the same number, whatever type YAML or JSON gave them.
+pub(crate) fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i128(), y.as_i128()) {
+            (Some(x), Some(y)) => x == y,
+            _ => x.as_f64().zip(y.as_f64()).is_some_and(|(x, y)| x == y),
+        },
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_value(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_value(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::same_value;
+
+    #[test]
+    fn numbers_are_equal_by_value() {
+        assert!(same_value(&json!(60), &json!(60.0)));
+        assert!(same_value(&json!(6e1), &json!(60)));
+        assert!(same_value(&json!({"a": [1, 2.0]}), &json!({"a": [1.0, 2]})));
+        assert!(!same_value(&json!(60), &json!(60.5)));
+        assert!(!same_value(&json!(60), &json!("60")));
+        assert!(!same_value(&json!(u64::MAX), &json!(-1)));
+        assert!(!same_value(&json!({"a": 1}), &json!({"a": 1, "b": 2})));
+        assert!(same_value(&json!(null), &json!(null)));
     }
 }
