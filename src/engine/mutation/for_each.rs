@@ -22,6 +22,7 @@ pub(super) fn compile(
     at: &str,
     cx: &mut Compiler,
 ) -> Option<ForEach> {
+    let before = cx.error_count();
     let query = Query::parse(query)
         .map_err(|e| cx.push(format!("{at}.forEach"), e))
         .ok();
@@ -48,6 +49,9 @@ pub(super) fn compile(
         }
     }
     let literal = !nested.renders();
+    if cx.error_count() != before {
+        return None;
+    }
     Some(ForEach {
         query: query?,
         mutations,

@@ -430,6 +430,42 @@ mod tests {
         );
     }
 
+    fn compile_errors(spec: Value) -> Vec<String> {
+        let spec: api::Mutation = serde_json::from_value(spec).unwrap();
+        let mut errors = Errors::default();
+        let m = compile(&spec, "spec.mutations[0]", 1 << 20, &mut errors);
+        assert!(m.is_none(), "an error means no mutation");
+        errors.errors.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn patches_that_can_never_work_are_refused_at_compile_time() {
+        assert_eq!(
+            compile_errors(json!({"forEach": "$.spec.volumes[*]", "mutations": [
+                {"patch": [{"op": "remove", "path": ""}]}
+            ]})),
+            [
+                "spec.mutations[0].mutations[0].patch[0].path: remove cannot remove the forEach element; point the path at a field inside it"
+            ]
+        );
+        assert_eq!(
+            compile_errors(json!({"patch": [{"op": "remove", "path": ""}]})),
+            [
+                "spec.mutations[0].patch[0].path: remove cannot remove the whole object; point the path at a field inside it"
+            ]
+        );
+        assert_eq!(
+            compile_errors(json!({"patch": [{"op": "move", "from": "/a", "path": "/a/b"}]})),
+            [
+                "spec.mutations[0].patch[0].from: move cannot move \"/a\" into its own child \"/a/b\"; use copy, or another path"
+            ]
+        );
+        // Replacing the element itself is fine.
+        compiled(json!({"forEach": "$.items[*]", "mutations": [
+            {"patch": [{"op": "replace", "path": "", "value": {"x": 1}}]}
+        ]}));
+    }
+
     #[test]
     fn the_kinds_set_are_counted_with_the_listed_names() {
         let spec: api::Mutation = serde_json::from_value(
