@@ -163,9 +163,9 @@ pub struct MatchResources {
 }
 
 /// A condition on the object's content. Set `path` and exactly one of `matches`, `equals`,
-/// `exists`.
+/// `exists`, `in`.
 // CEL cannot see `equals` (free-form JSON has no type), so "path plus exactly one of
-// matches/equals/exists" is said with property counts; `initium check` and the validating
+// matches/equals/exists/in" is said with property counts; `initium check` and the validating
 // webhook give the precise message.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -190,6 +190,11 @@ pub struct Condition {
     /// `true`: the path selects at least one value; `false`: it selects none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exists: Option<bool>,
+    /// RFC 9535 JSONPath over the object; holds when any selected value equals any value it
+    /// selects (e.g. a volume mount whose name is one of `$.spec.volumes[?@.hostPath].name`).
+    #[serde(rename = "in", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub in_: Option<String>,
 }
 
 /// One mutation. Set exactly one of `merge`, `patch`, `upsert`, `forEach` (with `mutations`),
@@ -232,10 +237,23 @@ pub struct Mutation {
     /// Regular-expression rewrite of a string field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<Rewrite>,
+
+    /// Sets fields only where the object (or the `forEach` element) has none: an object
+    /// shaped like a merge patch, applied field by field, never overwriting a value that is
+    /// there (Kyverno's `+(key)` anchors). Where both are objects it goes deeper; a list or
+    /// scalar already there is left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json_object")]
+    pub defaults: Option<Value>,
+
+    /// Removes the elements of a list that satisfy every `where` condition (e.g. every
+    /// `hostPath` volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remove: Option<Remove>,
 }
 
 /// A mutation applied to each element selected by `forEach`; paths are relative to the
-/// element. Set exactly one of `merge`, `patch`, `upsert`, `rewrite`.
+/// element. Set exactly one of `merge`, `patch`, `upsert`, `rewrite`, `defaults`, `remove`.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = exactly_one_of(&element_mutation_kinds()))]
@@ -254,12 +272,22 @@ pub struct ElementMutation {
     /// Regular-expression rewrite of a string field below the element.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<Rewrite>,
+    /// Sets fields of the element only where it has none, never overwriting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json_object")]
+    pub defaults: Option<Value>,
+    /// Removes the elements of a list below the element that satisfy every `where`
+    /// condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remove: Option<Remove>,
 }
 
 /// The kinds of mutation, named as a rule writes them, in the order the CRD's CEL rule and
 /// `initium check` list them. A [`Mutation`] sets exactly one; an [`ElementMutation`] sets one
 /// of them but `forEach`, which cannot nest (see [`element_mutation_kinds`]).
-pub const MUTATION_KINDS: [&str; 5] = ["merge", "patch", "upsert", "forEach", "rewrite"];
+pub const MUTATION_KINDS: [&str; 7] = [
+    "merge", "patch", "upsert", "forEach", "rewrite", "defaults", "remove",
+];
 
 /// The kinds of mutation a `forEach` element can take: all but `forEach`.
 pub fn element_mutation_kinds() -> Vec<&'static str> {
@@ -282,6 +310,8 @@ pub enum MutationKind<'a> {
         mutations: Option<&'a [ElementMutation]>,
     },
     Rewrite(&'a Rewrite),
+    Defaults(&'a Value),
+    Remove(&'a Remove),
 }
 
 impl MutationKind<'_> {
@@ -293,6 +323,8 @@ impl MutationKind<'_> {
             MutationKind::Upsert(_) => "upsert",
             MutationKind::ForEach { .. } => "forEach",
             MutationKind::Rewrite(_) => "rewrite",
+            MutationKind::Defaults(_) => "defaults",
+            MutationKind::Remove(_) => "remove",
         }
     }
 }
@@ -309,6 +341,8 @@ impl Mutation {
             for_each,
             mutations,
             rewrite,
+            defaults,
+            remove,
         } = self;
         [
             merge.as_ref().map(MutationKind::Merge),
@@ -319,6 +353,8 @@ impl Mutation {
                 mutations: mutations.as_deref(),
             }),
             rewrite.as_ref().map(MutationKind::Rewrite),
+            defaults.as_ref().map(MutationKind::Defaults),
+            remove.as_ref().map(MutationKind::Remove),
         ]
         .into_iter()
         .flatten()
@@ -334,12 +370,16 @@ impl ElementMutation {
             patch,
             upsert,
             rewrite,
+            defaults,
+            remove,
         } = self;
         [
             merge.as_ref().map(MutationKind::Merge),
             patch.as_deref().map(MutationKind::Patch),
             upsert.as_ref().map(MutationKind::Upsert),
             rewrite.as_ref().map(MutationKind::Rewrite),
+            defaults.as_ref().map(MutationKind::Defaults),
+            remove.as_ref().map(MutationKind::Remove),
         ]
         .into_iter()
         .flatten()
@@ -408,6 +448,41 @@ pub struct Upsert {
     /// The element; it must have the `key` field.
     #[schemars(schema_with = "any_json_object")]
     pub value: Value,
+    /// Where a new element goes: `Append` (the end of the list, the default) or `Prepend`
+    /// (the start, e.g. a sidecar that must run before the app). A replaced element keeps
+    /// its place.
+    #[serde(default, skip_serializing_if = "Position::is_append")]
+    pub position: Position,
+}
+
+/// Where `upsert` inserts a new element.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Position {
+    #[default]
+    Append,
+    Prepend,
+}
+
+impl Position {
+    fn is_append(&self) -> bool {
+        *self == Position::Append
+    }
+}
+
+/// Removes the elements of the list at `path` for which every `where` condition holds.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Remove {
+    /// RFC 6901 pointer to the list, e.g. `/spec/volumes` (relative to the element inside
+    /// `forEach`). A missing list is left alone.
+    #[schemars(length(max = 1024))]
+    pub path: String,
+    /// Conditions on each element, all of which must hold for it to go. Their paths start
+    /// with `@` (the list element, e.g. `@.hostPath`); `in` queries start with `$` (the
+    /// object as it is when the mutation runs).
+    #[serde(rename = "where")]
+    #[schemars(length(min = 1, max = 16))]
+    pub where_: Vec<Condition>,
 }
 
 /// Rewrites a string field with a regular expression. A missing field is left alone.
@@ -695,15 +770,17 @@ mod tests {
     fn the_kinds_a_mutation_sets_are_the_listed_kinds_in_order() {
         let upsert = json!({"path": "/l", "key": "k", "value": {"k": 1}});
         let rewrite = json!({"path": "/p", "regex": "a", "replacement": "b"});
+        let remove = json!({"path": "/l", "where": [{"path": "@.k", "exists": true}]});
         let every: Mutation = serde_json::from_value(json!({
-            "rewrite": rewrite, "forEach": "$", "mutations": [], "upsert": upsert,
-            "patch": [], "merge": {}
+            "remove": remove, "defaults": {}, "rewrite": rewrite, "forEach": "$",
+            "mutations": [], "upsert": upsert, "patch": [], "merge": {}
         }))
         .unwrap();
         let names: Vec<&str> = every.kinds().map(|k| k.name()).collect();
         assert_eq!(names, MUTATION_KINDS);
         let every: ElementMutation = serde_json::from_value(json!({
-            "rewrite": rewrite, "upsert": upsert, "patch": [], "merge": {}
+            "remove": remove, "defaults": {}, "rewrite": rewrite, "upsert": upsert,
+            "patch": [], "merge": {}
         }))
         .unwrap();
         let names: Vec<&str> = every.kinds().map(|k| k.name()).collect();

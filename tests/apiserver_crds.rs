@@ -502,7 +502,7 @@ spec:
       patch: [{op: remove, path: /metadata/labels/a}]",
         errors: &[
             "spec.mutations[1]",
-            "set exactly one of merge, patch, upsert, forEach, rewrite",
+            "set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove",
         ],
     },
     Invalid {
@@ -515,7 +515,7 @@ spec:
   mutations: [{}]",
         errors: &[
             "spec.mutations[0]",
-            "set exactly one of merge, patch, upsert, forEach, rewrite",
+            "set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove",
         ],
     },
     Invalid {

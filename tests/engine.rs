@@ -560,6 +560,141 @@ fn an_add_into_a_missing_list_creates_the_list() {
 }
 
 #[test]
+fn defaults_fill_only_what_is_missing_in_one_mutation() {
+    // Kyverno's default security context: four rules with `exists: false` before, one now.
+    let idx = index(vec![cmr(
+        "secure",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"defaults": {"spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 1000,
+                                                       "seccompProfile": {"type": "RuntimeDefault"}}}}},
+            {"forEach": "$.spec.containers[*]", "mutations": [
+                {"defaults": {"imagePullPolicy": "IfNotPresent",
+                              "securityContext": {"allowPrivilegeEscalation": false}}}
+            ]}
+        ]}),
+    )]);
+    let mut object = pod("a", "b");
+    object["spec"]["securityContext"] = json!({"runAsUser": 0});
+    object["spec"]["containers"][1]["imagePullPolicy"] = json!("Always");
+    let out = admit(&idx, &object, Some("a"));
+    assert_eq!(
+        out.object["spec"]["securityContext"],
+        json!({"runAsUser": 0, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}),
+        "what the Pod set stays"
+    );
+    assert_eq!(
+        out.object["spec"]["containers"][0]["imagePullPolicy"],
+        "IfNotPresent"
+    );
+    assert_eq!(
+        out.object["spec"]["containers"][1]["imagePullPolicy"],
+        "Always"
+    );
+    assert_eq!(
+        out.object["spec"]["containers"][1]["securityContext"],
+        json!({"allowPrivilegeEscalation": false})
+    );
+    let mut patched = object.clone();
+    json_patch::patch(&mut patched, &out.patch()).unwrap();
+    assert_eq!(patched, out.object);
+    let again = admit(&idx, &out.object, Some("a"));
+    assert!(
+        again.applied.is_empty(),
+        "defaults applied twice change nothing"
+    );
+}
+
+#[test]
+fn remove_takes_hostpath_volumes_and_their_mounts_in_one_rule() {
+    let idx = index(vec![cmr(
+        "no-hostpath",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"forEach": "$.spec['containers','initContainers'][*]", "mutations": [
+                {"remove": {"path": "/volumeMounts",
+                            "where": [{"path": "@.name", "in": "$.spec.volumes[?@.hostPath].name"}]}}
+            ]},
+            {"remove": {"path": "/spec/volumes", "where": [{"path": "@.hostPath", "exists": true}]}}
+        ]}),
+    )]);
+    let mut object = pod("a", "b");
+    object["spec"]["volumes"] = json!([
+        {"name": "host", "hostPath": {"path": "/var/run"}},
+        {"name": "data", "emptyDir": {}},
+        {"name": "docker", "hostPath": {"path": "/var/lib/docker"}}
+    ]);
+    object["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "host", "mountPath": "/h"}, {"name": "data", "mountPath": "/d"}, {"name": "docker", "mountPath": "/x"}
+    ]);
+    object["spec"]["initContainers"] = json!([{"name": "i", "image": "busybox",
+        "volumeMounts": [{"name": "docker", "mountPath": "/x"}]}]);
+    let out = admit(&idx, &object, Some("a"));
+    assert_eq!(
+        out.object["spec"]["volumes"],
+        json!([{"name": "data", "emptyDir": {}}])
+    );
+    assert_eq!(
+        out.object["spec"]["containers"][0]["volumeMounts"],
+        json!([{"name": "data", "mountPath": "/d"}])
+    );
+    assert_eq!(
+        out.object["spec"]["initContainers"][0]["volumeMounts"],
+        json!([])
+    );
+    assert!(
+        out.object["spec"]["containers"][1]
+            .get("volumeMounts")
+            .is_none(),
+        "a missing list stays missing"
+    );
+    let mut patched = object.clone();
+    json_patch::patch(&mut patched, &out.patch()).unwrap();
+    assert_eq!(patched, out.object);
+    assert!(admit(&idx, &out.object, Some("a")).applied.is_empty());
+
+    // A where that is not a list is an error naming the mutation.
+    let idx = index(vec![cmr(
+        "not-a-list",
+        json!({"match": {"kinds": ["Pod"]}, "failurePolicy": "Fail", "mutations": [
+            {"remove": {"path": "/spec/containers/0/name", "where": [{"path": "@.x", "exists": true}]}}
+        ]}),
+    )]);
+    let denial = try_admit(&idx, &pod("a", "b"), Some("a"), Operation::Create, None)
+        .expect_err("a string is not a list");
+    assert!(
+        denial
+            .to_string()
+            .contains("remove /spec/containers/0/name: the field is a string, not a list"),
+        "{denial}"
+    );
+}
+
+#[test]
+fn upsert_prepends_new_elements_and_leaves_replaced_ones_in_place() {
+    let idx = index(vec![cmr(
+        "first",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"upsert": {"path": "/spec/containers", "key": "name", "position": "Prepend",
+                        "value": {"name": "proxy", "image": "envoy"}}},
+            {"upsert": {"path": "/spec/containers", "key": "name", "position": "Prepend",
+                        "value": {"name": "side", "image": "busybox:2"}}}
+        ]}),
+    )]);
+    let out = admit(&idx, &pod("a", "b"), Some("a"));
+    let names: Vec<&str> = out.object["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["proxy", "app", "side"]);
+    assert_eq!(out.object["spec"]["containers"][2]["image"], "busybox:2");
+    let mut patched = pod("a", "b");
+    json_patch::patch(&mut patched, &out.patch()).unwrap();
+    assert_eq!(patched, out.object);
+    assert!(admit(&idx, &out.object, Some("a")).applied.is_empty());
+}
+
+#[test]
 fn upsert_replaces_by_key_and_is_idempotent() {
     let idx = index(vec![cmr(
         "u",

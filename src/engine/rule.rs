@@ -415,6 +415,7 @@ fn gate_mutations(name: &str, regex_limit: usize, errors: &mut Errors) -> Vec<Mu
                 path: "/spec/schedulingGates".into(),
                 key: "name".into(),
                 value: serde_json::json!({ "name": name }),
+                position: api::Position::Append,
             }),
             ..Default::default()
         },

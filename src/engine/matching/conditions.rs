@@ -1,5 +1,8 @@
 //! `conditions`: RFC 9535 JSONPath over the object's content, each with one test (`matches`,
-//! `equals` or `exists`). All must hold.
+//! `equals`, `exists` or `in`). All must hold. The same conditions, with paths from `@`,
+//! choose the list elements a `remove` mutation takes away.
+
+use std::collections::HashSet;
 
 use regex::Regex;
 use serde_json::Value;
@@ -16,6 +19,9 @@ enum Test {
     Matches(Regex),
     Equals(Value),
     Exists(bool),
+    /// A query over the object: the condition holds when a value its path selects equals one
+    /// of the values this selects.
+    In(Query),
 }
 
 #[derive(Clone, Debug)]
@@ -44,33 +50,78 @@ impl Conditions {
         regex_limit: usize,
         errors: &mut Errors,
     ) -> Conditions {
+        Self::compile_with(conditions, field, regex_limit, errors, |path| {
+            Query::parse(path).map_err(|e| e.to_string())
+        })
+    }
+
+    /// Conditions on the elements of a list (`remove.where`): each path starts with `@`, the
+    /// element; `in` queries still read the object (`$`).
+    pub(crate) fn compile_on_elements(
+        conditions: &[api::Condition],
+        field: &str,
+        regex_limit: usize,
+        errors: &mut Errors,
+    ) -> Conditions {
+        Self::compile_with(conditions, field, regex_limit, errors, |path| {
+            match path.strip_prefix('@') {
+                // Parsed as a query from `$`, and told as the rule wrote it.
+                Some(rest) => Query::parse(&format!("${rest}")).map_err(|e| {
+                    let message = e.to_string();
+                    message.replacen(
+                        &format!("{:?}", format!("${rest}")),
+                        &format!("{path:?}"),
+                        1,
+                    )
+                }),
+                None => Err(format!(
+                    "{path:?} must start with @, the list element (like @.hostPath)"
+                )),
+            }
+        })
+    }
+
+    fn compile_with(
+        conditions: &[api::Condition],
+        field: &str,
+        regex_limit: usize,
+        errors: &mut Errors,
+        parse_path: impl Fn(&str) -> Result<Query, String>,
+    ) -> Conditions {
         let mut compiled = Vec::new();
         for (i, c) in conditions.iter().enumerate() {
             let at = format!("{field}[{i}]");
-            let query = Query::parse(&c.path)
+            let query = parse_path(&c.path)
                 .map_err(|e| errors.push(format!("{at}.path"), e))
                 .ok();
-            let set = [c.matches.is_some(), c.equals.is_some(), c.exists.is_some()]
-                .iter()
-                .filter(|x| **x)
-                .count();
-            let test = match (&c.matches, &c.equals, c.exists) {
+            let tests = [
+                c.matches.is_some(),
+                c.equals.is_some(),
+                c.exists.is_some(),
+                c.in_.is_some(),
+            ];
+            let set = tests.iter().filter(|x| **x).count();
+            let test = match (&c.matches, &c.equals, c.exists, &c.in_) {
                 _ if set != 1 => {
                     errors.push(
                         &at,
                         format!(
                             "{} (found {set})",
-                            exactly_one_of_message(&["matches", "equals", "exists"])
+                            exactly_one_of_message(&["matches", "equals", "exists", "in"])
                         ),
                     );
                     None
                 }
-                (Some(re), _, _) => compile_regex(re, regex_limit)
+                (Some(re), _, _, _) => compile_regex(re, regex_limit)
                     .map(Test::Matches)
                     .map_err(|e| errors.push(format!("{at}.matches"), e))
                     .ok(),
-                (_, Some(v), _) => Some(Test::Equals(v.clone())),
-                (_, _, Some(b)) => Some(Test::Exists(b)),
+                (_, Some(v), _, _) => Some(Test::Equals(v.clone())),
+                (_, _, Some(b), _) => Some(Test::Exists(b)),
+                (_, _, _, Some(q)) => Query::parse(q)
+                    .map(Test::In)
+                    .map_err(|e| errors.push(format!("{at}.in"), e))
+                    .ok(),
                 _ => None,
             };
             if let (Some(query), Some(test)) = (query, test) {
@@ -80,12 +131,56 @@ impl Conditions {
         Conditions(compiled)
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when some condition reads the object besides what its path selects (`in`).
+    pub(crate) fn reads_object(&self) -> bool {
+        self.0.iter().any(|c| matches!(c.test, Test::In(_)))
+    }
+
     /// Whether every condition holds; an error names the condition whose query would do too
     /// much work on this object.
     pub(crate) fn hold(&self, object: &Value) -> Result<bool, MatchError> {
+        self.hold_on(object, object)
+    }
+
+    /// [`Conditions::hold`] with paths over `value` (a list element) and `in` queries over
+    /// `object`.
+    pub(crate) fn hold_on(&self, value: &Value, object: &Value) -> Result<bool, MatchError> {
+        self.hold_prepared(value, &self.prepare(object)?)
+    }
+
+    /// What the `in` queries select from `object`, looked up once for many elements.
+    pub(crate) fn prepare(&self, object: &Value) -> Result<Prepared, MatchError> {
+        let mut sets = Vec::with_capacity(self.0.len());
         for (index, c) in self.0.iter().enumerate() {
+            sets.push(match &c.test {
+                Test::In(query) => Some(
+                    query
+                        .select(object)
+                        .map_err(|source| MatchError::Condition { index, source })?
+                        .into_iter()
+                        .map(value_key)
+                        .collect(),
+                ),
+                _ => None,
+            });
+        }
+        Ok(Prepared { sets })
+    }
+
+    /// Whether every condition holds for `value`, with the `in` sets of `prepared`.
+    pub(crate) fn hold_prepared(
+        &self,
+        value: &Value,
+        prepared: &Prepared,
+    ) -> Result<bool, MatchError> {
+        for (index, c) in self.0.iter().enumerate() {
+            let set = prepared.sets.get(index).and_then(Option::as_ref);
             if !c
-                .holds(object)
+                .holds(value, set)
                 .map_err(|source| MatchError::Condition { index, source })?
             {
                 return Ok(false);
@@ -96,15 +191,66 @@ impl Conditions {
 }
 
 impl Condition {
-    fn holds(&self, object: &Value) -> Result<bool, QueryError> {
-        let found = self.query.select(object)?;
+    fn holds(&self, value: &Value, set: Option<&HashSet<String>>) -> Result<bool, QueryError> {
+        let found = self.query.select(value)?;
         Ok(match &self.test {
             Test::Matches(re) => found
                 .iter()
                 .any(|v| v.as_str().is_some_and(|s| re.is_match(s))),
             Test::Equals(want) => found.iter().any(|v| same_value(v, want)),
             Test::Exists(want) => found.is_empty() != *want,
+            Test::In(_) => set.is_some_and(|set| found.iter().any(|v| set.contains(&value_key(v)))),
         })
+    }
+}
+
+/// The values an `in` query selected, by [`value_key`]: a lookup per element, however many
+/// values the query selected.
+pub(crate) struct Prepared {
+    sets: Vec<Option<HashSet<String>>>,
+}
+
+/// A text that two values share exactly when [`same_value`] holds for them (numbers by value,
+/// object keys in order).
+fn value_key(value: &Value) -> String {
+    let mut key = String::new();
+    write_key(value, &mut key);
+    key
+}
+
+fn write_key(value: &Value, key: &mut String) {
+    use std::fmt::Write as _;
+    match value {
+        Value::Number(n) => {
+            let _ = match (n.as_i128(), n.as_f64()) {
+                (Some(i), _) => write!(key, "n{i};"),
+                (None, Some(f)) if f.fract() == 0.0 && f.abs() < 1e30 => {
+                    write!(key, "n{};", f as i128)
+                }
+                (None, f) => write!(key, "n{f:?};"),
+            };
+        }
+        Value::Array(items) => {
+            key.push('[');
+            for item in items {
+                write_key(item, key);
+            }
+            key.push(']');
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            key.push('{');
+            for (k, v) in entries {
+                key.push_str(&Value::String(k.clone()).to_string());
+                write_key(v, key);
+            }
+            key.push('}');
+        }
+        other => {
+            key.push_str(&other.to_string());
+            key.push(';');
+        }
     }
 }
 
@@ -144,5 +290,33 @@ mod tests {
         assert!(!same_value(&json!(u64::MAX), &json!(-1)));
         assert!(!same_value(&json!({"a": 1}), &json!({"a": 1, "b": 2})));
         assert!(same_value(&json!(null), &json!(null)));
+    }
+
+    #[test]
+    fn value_keys_agree_with_same_value() {
+        let values = [
+            json!(60),
+            json!(60.0),
+            json!(6e1),
+            json!(60.5),
+            json!("60"),
+            json!(null),
+            json!(true),
+            json!({"a": 1, "b": [2.0]}),
+            json!({"b": [2], "a": 1.0}),
+            json!([1, "x"]),
+            json!(["x", 1]),
+            json!(1u64 << 60),
+            json!((1u64 << 60) as f64),
+        ];
+        for a in &values {
+            for b in &values {
+                assert_eq!(
+                    super::value_key(a) == super::value_key(b),
+                    same_value(a, b),
+                    "{a} and {b}"
+                );
+            }
+        }
     }
 }

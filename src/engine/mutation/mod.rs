@@ -19,9 +19,11 @@
 //! 3. Here: one variant of [`Mutation`], one arm in [`compile_kind`] and one arm in
 //!    [`Mutation::apply_at`] (and in [`count_regexes`] if it compiles regular expressions).
 
+mod defaults;
 mod for_each;
 mod merge;
 mod patch;
+mod remove;
 mod rewrite;
 mod upsert;
 
@@ -45,6 +47,8 @@ pub(crate) enum Mutation {
     Upsert(upsert::Upsert),
     Rewrite(rewrite::Rewrite),
     ForEach(for_each::ForEach),
+    Defaults(defaults::Defaults),
+    Remove(remove::Remove),
 }
 
 /// Compiles the mutation at `at` (`spec.mutations[2]`); `regex_limit` is what each of the
@@ -79,20 +83,26 @@ fn compile_kind(kind: MutationKind, at: &str, cx: &mut Compiler) -> Option<Mutat
         MutationKind::ForEach { query, mutations } => {
             for_each::compile(query, mutations, at, cx).map(Mutation::ForEach)
         }
+        MutationKind::Defaults(value) => defaults::compile(value, at, cx).map(Mutation::Defaults),
+        MutationKind::Remove(spec) => remove::compile(spec, at, cx).map(Mutation::Remove),
     }
 }
 
 /// The regular expressions a mutation compiles (rewrites, also inside `forEach`), counted
 /// before compiling, since each gets a share of what the rule's may use.
 pub(crate) fn count_regexes(m: &api::Mutation) -> usize {
-    let is_rewrite = |kind: &MutationKind| matches!(kind, MutationKind::Rewrite(_));
+    let regexes = |kind: MutationKind| match kind {
+        MutationKind::Rewrite(_) => 1,
+        MutationKind::Remove(r) => r.where_.iter().filter(|c| c.matches.is_some()).count(),
+        _ => 0,
+    };
     let nested: usize = m
         .mutations
         .iter()
         .flatten()
-        .map(|n| n.kinds().filter(is_rewrite).count())
+        .flat_map(|n| n.kinds().map(regexes))
         .sum();
-    m.kinds().filter(is_rewrite).count() + nested
+    m.kinds().map(regexes).sum::<usize>() + nested
 }
 
 impl Mutation {
@@ -118,6 +128,8 @@ impl Mutation {
             Mutation::Upsert(u) => u.apply(site, journal, meter),
             Mutation::Rewrite(r) => r.apply(site, journal, meter),
             Mutation::ForEach(f) => f.apply(site, journal, meter),
+            Mutation::Defaults(d) => d.apply(site, journal, meter),
+            Mutation::Remove(r) => r.apply(site, journal, meter),
         }
     }
 }
@@ -289,6 +301,23 @@ impl<'a> Site<'a> {
         Ok(Rendered::Value(template.render(&scope, meter)?))
     }
 
+    /// The object as it is now (`None` inside a `forEach` that renders nothing) and the value
+    /// the mutation changes, to read before changing it.
+    pub fn peek(&self) -> Result<(Option<&Value>, &Value), Stop> {
+        match &self.place {
+            Place::Target(target) => Ok((None, &**target)),
+            Place::Object(doc) => {
+                let target = self
+                    .base
+                    .get(doc)
+                    .ok_or_else(|| MutationError::TargetGone {
+                        at: self.base.as_str().to_string(),
+                    })?;
+                Ok((Some(&**doc), target))
+            }
+        }
+    }
+
     /// The value the mutation changes.
     pub fn target(self) -> Result<&'a mut Value, Stop> {
         match self.place {
@@ -345,6 +374,8 @@ pub enum MutationError {
     UpsertNoKey { path: String, key: String },
     #[error("upsert {path}: the field is {found}, not a list")]
     UpsertNotList { path: String, found: &'static str },
+    #[error("the field is {found}, not a list")]
+    RemoveNotList { found: &'static str },
     #[error("rewrite {path}: the field is {found}, not a string")]
     RewriteNotString { path: String, found: &'static str },
     /// An RFC 6902 operation failed (its place in the patch is the context).
@@ -460,6 +491,30 @@ mod tests {
                 "spec.mutations[0].patch[0].from: move cannot move \"/a\" into its own child \"/a/b\"; use copy, or another path"
             ]
         );
+        assert_eq!(
+            compile_errors(json!({"remove": {"path": "/spec/volumes", "where": [
+                {"path": "$.hostPath", "exists": true},
+                {"path": "@.name", "in": "spec.volumes"},
+                {"path": "@.name", "matches": "a", "exists": true}
+            ]}})),
+            [
+                "spec.mutations[0].remove.where[0].path: \"$.hostPath\" must start with @, the list element (like @.hostPath)",
+                "spec.mutations[0].remove.where[1].in: invalid JSONPath \"spec.volumes\": it must start with '$'",
+                "spec.mutations[0].remove.where[2]: set exactly one of matches, equals, exists, in (found 2)",
+            ]
+        );
+        assert_eq!(
+            compile_errors(json!({"remove": {"path": "/spec/volumes", "where": []}})),
+            ["spec.mutations[0].remove.where: needs at least one condition (to empty a list, use merge or patch)"]
+        );
+        assert_eq!(
+            compile_errors(json!({"defaults": {"spec": {"a": null}}})),
+            ["spec.mutations[0].defaults (at /spec/a): a default cannot be null (it would set nothing); to remove a field use merge with null"]
+        );
+        assert_eq!(
+            compile_errors(json!({"defaults": []})),
+            ["spec.mutations[0].defaults: defaults must be an object, not a list"]
+        );
         // Replacing the element itself is fine.
         compiled(json!({"forEach": "$.items[*]", "mutations": [
             {"patch": [{"op": "replace", "path": "", "value": {"x": 1}}]}
@@ -476,7 +531,7 @@ mod tests {
         assert!(compile(&spec, "spec.mutations[3]", 1 << 20, &mut errors).is_none());
         assert_eq!(
             errors.errors[0].to_string(),
-            "spec.mutations[3]: set exactly one of merge, patch, upsert, forEach, rewrite (found 2)"
+            "spec.mutations[3]: set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove (found 2)"
         );
         assert_eq!(count_regexes(&spec), 1);
     }
