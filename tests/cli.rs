@@ -59,6 +59,7 @@ fn every_example_has_a_passing_test_case() {
         names,
         [
             "default-labels",
+            "from-kyverno",
             "podpreset",
             "registry-mirror",
             "sidecar",
@@ -79,7 +80,7 @@ fn every_example_has_a_passing_test_case() {
     let out = initium(&["test", "examples"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.ends_with("10 passed, 0 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("11 passed, 0 failed\n"), "{stdout}");
 }
 
 #[test]
@@ -283,7 +284,7 @@ fn check_accepts_the_examples() {
     let out = initium(&["check", "-r", "examples"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).ends_with("8 rule(s) valid\n"),
+        text(&out.stdout).ends_with("11 rule(s) valid\n"),
         "{}",
         text(&out.stdout)
     );
