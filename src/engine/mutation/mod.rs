@@ -505,11 +505,15 @@ mod tests {
         );
         assert_eq!(
             compile_errors(json!({"remove": {"path": "/spec/volumes", "where": []}})),
-            ["spec.mutations[0].remove.where: needs at least one condition (to empty a list, use merge or patch)"]
+            [
+                "spec.mutations[0].remove.where: needs at least one condition (to empty a list, use merge or patch)"
+            ]
         );
         assert_eq!(
             compile_errors(json!({"defaults": {"spec": {"a": null}}})),
-            ["spec.mutations[0].defaults (at /spec/a): a default cannot be null (it would set nothing); to remove a field use merge with null"]
+            [
+                "spec.mutations[0].defaults (at /spec/a): a default cannot be null (it would set nothing); to remove a field use merge with null"
+            ]
         );
         assert_eq!(
             compile_errors(json!({"defaults": []})),
