@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use initium::api::Operation;
-use initium::engine::{Gvk, Outcome, RuleIndex, RuleSource, Subject, compile_all, parse_rule};
+use initium::engine::{
+    Gvk, Outcome, RanBefore, RuleIndex, RuleSource, Subject, compile_all, parse_rule,
+};
 use serde_json::{Value, json};
 
 fn rule(doc: Value) -> RuleSource {
@@ -59,6 +61,7 @@ fn try_admit(
         namespace: ns,
         name: object.pointer("/metadata/name").and_then(Value::as_str),
         namespace_labels: None,
+        ran_before: RanBefore::Unknown,
     };
     index.evaluate(&subject, object.clone(), deadline)
 }
@@ -242,6 +245,7 @@ fn namespace_and_name_come_from_the_request_when_the_object_lacks_them() {
         namespace: Some("payments"),
         name: None,
         namespace_labels: None,
+        ran_before: RanBefore::Unknown,
     };
     let out = idx.evaluate(&subject, object.clone(), None).unwrap();
     assert_eq!(annotations(&out)["ns"], "payments");
@@ -269,6 +273,7 @@ fn namespace_selectors_use_namespace_labels_and_skip_other_cluster_scoped_object
                 namespace: ns,
                 name: None,
                 namespace_labels: labels,
+                ran_before: RanBefore::Unknown,
             };
             !idx.evaluate(&subject, object.clone(), None)
                 .unwrap()
@@ -283,6 +288,7 @@ fn namespace_selectors_use_namespace_labels_and_skip_other_cluster_scoped_object
         namespace: Some("shop"),
         name: None,
         namespace_labels: None,
+        ran_before: RanBefore::Unknown,
     };
     let out = idx.evaluate(&subject, pod("shop", "a"), None).unwrap();
     assert!(out.applied.is_empty());
@@ -692,6 +698,91 @@ fn upsert_prepends_new_elements_and_leaves_replaced_ones_in_place() {
     json_patch::patch(&mut patched, &out.patch()).unwrap();
     assert_eq!(patched, out.object);
     assert!(admit(&idx, &out.object, Some("a")).applied.is_empty());
+}
+
+#[test]
+fn a_rule_runs_at_most_once_per_admission_request() {
+    // Two webhook calls (or a reinvocation) for one request: the second sees the first's
+    // output. A non-idempotent patch must not add its toleration twice.
+    let idx = index(vec![
+        cmr(
+            "tolerate",
+            json!({"match": {"kinds": ["Pod"], "operations": ["CREATE", "UPDATE"]}, "mutations": [{"patch": [
+                {"op": "add", "path": "/spec/tolerations/-", "value": {"key": "k", "operator": "Exists"}}
+            ]}]}),
+        ),
+        cmr(
+            "late",
+            json!({"match": {"kinds": ["Pod"], "operations": ["CREATE", "UPDATE"]},
+                   "conditions": [{"path": "$.metadata.labels.late", "exists": true}],
+                   "mutations": [label("seen", "yes")]}),
+        ),
+    ]);
+    let run = |object: &Value, op: Operation, ran_before: RanBefore| {
+        let gvk = Gvk::from_api_version("v1", "Pod");
+        let subject = Subject {
+            gvk: &gvk,
+            operation: op,
+            namespace: Some("a"),
+            name: Some("b"),
+            namespace_labels: None,
+            ran_before,
+        };
+        idx.evaluate(&subject, object.clone(), None).unwrap()
+    };
+    let first = run(
+        &pod("a", "b"),
+        Operation::Create,
+        RanBefore::Listed { stored: None },
+    );
+    assert_eq!(first.applied.len(), 1);
+    // Another webhook adds a label between the calls: the rule whose condition now holds runs,
+    // the one that already ran does not.
+    let mut between = first.object.clone();
+    between["metadata"]["labels"] = json!({"late": "1"});
+    let second = run(
+        &between,
+        Operation::Create,
+        RanBefore::Listed { stored: None },
+    );
+    assert_eq!(
+        second.object["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(second.object["metadata"]["labels"]["seen"], "yes");
+    assert_eq!(
+        second.object["metadata"]["annotations"]["initium.dev/mutated-by"],
+        "tolerate,late"
+    );
+    // An UPDATE of the stored object: rules it already listed ran at an earlier write, and
+    // run again; a rule added to the list during this request does not.
+    let stored = "tolerate";
+    let update = run(
+        &between,
+        Operation::Update,
+        RanBefore::Listed {
+            stored: Some(stored),
+        },
+    );
+    assert_eq!(
+        update.object["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // Offline (Unknown), every rule runs: what idempotence checks need.
+    let offline = run(&second.object, Operation::Create, RanBefore::Unknown);
+    assert_eq!(
+        offline.object["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
 }
 
 #[test]

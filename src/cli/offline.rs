@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use crate::api::Operation;
 use crate::engine::{
-    Denial, FieldError, Gvk, Outcome, RuleErrors, RuleIndex, Subject, compile, is_rule_document,
-    parse_rule,
+    Denial, FieldError, Gvk, Outcome, RanBefore, RuleErrors, RuleIndex, Subject, compile,
+    is_rule_document, parse_rule,
 };
 use crate::{Error, Result};
 
@@ -162,6 +162,7 @@ pub fn admit(
         name: meta_str("name"),
         // Offline, a namespace without a Namespace object among the inputs has no labels.
         namespace_labels: namespace.map(|ns| namespaces.get(ns).unwrap_or(&NO_LABELS)),
+        ran_before: RanBefore::Unknown,
     };
     Ok(match index.evaluate(&subject, object.clone(), None) {
         Ok(outcome) => Admitted::Ok(outcome),

@@ -34,7 +34,7 @@ pub use matching::{Conditions, Selector};
 pub use mutation::MutationError;
 pub use parse::{RuleSource, compile_document, is_rule_document, parse_rule};
 pub use path::{PointerError, QueryError, QueryProblem, type_name as describe_value};
-pub use rule::{CompiledRule, DurationError, RuleId, Subject, compile, parse_duration};
+pub use rule::{CompiledRule, DurationError, RanBefore, RuleId, Subject, compile, parse_duration};
 pub use template::{MisplacedTemplate, TemplateError};
 
 /// Compiles every rule; the ones that fail are reported and left out, the others still work.

@@ -99,6 +99,22 @@ pub struct Subject<'a> {
     /// a rule that needs them then fails (and its `failurePolicy` decides) rather than
     /// guess; offline callers pass an empty map for namespaces they have no object for.
     pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    /// Which rules already ran on this object during this admission request.
+    pub ran_before: RanBefore<'a>,
+}
+
+/// Which rules already ran on the object during the current admission request: the API server
+/// may send one object to initium more than once (one call per webhook whose rules cover it,
+/// and a reinvocation when a later webhook changed it), and a rule that is not idempotent
+/// (`add` to `/spec/tolerations/-`) must not run twice. A rule runs at most once per request.
+#[derive(Clone, Copy, Debug)]
+pub enum RanBefore<'a> {
+    /// Run every matching rule: offline, and where idempotence itself is being checked.
+    Unknown,
+    /// At admission: the rules the object's `initium.dev/mutated-by` lists ran earlier in this
+    /// request, except those the stored object (`stored`, its annotation on UPDATE; `None` on
+    /// CREATE) already listed, which ran at an earlier write and run again.
+    Listed { stored: Option<&'a str> },
 }
 
 impl Subject<'_> {
