@@ -163,9 +163,9 @@ pub struct MatchResources {
 }
 
 /// A condition on the object's content. Set `path` and exactly one of `matches`, `equals`,
-/// `exists`, `in`.
+/// `notEquals`, `exists`, `in`, `greaterThan`, `lessThan`.
 // CEL cannot see `equals` (free-form JSON has no type), so "path plus exactly one of
-// matches/equals/exists/in" is said with property counts; `initium check` and the validating
+// the tests" is said with property counts; `initium check` and the validating
 // webhook give the precise message.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -195,6 +195,24 @@ pub struct Condition {
     #[serde(rename = "in", default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub in_: Option<String>,
+    /// JSON value; holds when no selected value equals it (also when the path selects
+    /// nothing).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "any_json_nullable")]
+    pub not_equals: Option<Value>,
+    /// A number or Kubernetes quantity (`3`, `"0.5"`, `"512Mi"`, `"250m"`); holds when any
+    /// selected value (a number or quantity) is greater.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "int_or_string")]
+    pub greater_than: Option<Value>,
+    /// A number or Kubernetes quantity; holds when any selected value is less.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "int_or_string")]
+    pub less_than: Option<Value>,
 }
 
 /// One mutation. Set exactly one of `merge`, `patch`, `upsert`, `forEach` (with `mutations`),
@@ -744,6 +762,10 @@ fn unwrap_descriptions(schema: &mut JSONSchemaProps) {
     {
         unwrap_descriptions(extra);
     }
+}
+
+fn int_or_string(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "x-kubernetes-int-or-string": true })
 }
 
 fn any_json_nullable(_: &mut SchemaGenerator) -> Schema {

@@ -478,6 +478,58 @@ fn conditions_matches_equals_exists() {
     ));
     assert!(run(json!({"path": "$.spec.hostNetwork", "exists": false})));
     assert!(!run(json!({"path": "$.metadata.name", "exists": false})));
+    assert!(run(
+        json!({"path": "$.spec.containers[*].name", "notEquals": "istio-proxy"})
+    ));
+    assert!(!run(
+        json!({"path": "$.spec.containers[*].name", "notEquals": "side"})
+    ));
+    assert!(
+        run(json!({"path": "$.spec.nothing", "notEquals": 1})),
+        "nothing selected is never equal"
+    );
+}
+
+#[test]
+fn numbers_and_quantities_compare_by_value() {
+    let idx = |cond: Value| {
+        index(vec![cmr(
+            "c",
+            json!({"match": {"kinds": ["Deployment"]}, "conditions": [cond], "mutations": [label("c", "1")]}),
+        )])
+    };
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "a"},
+        "spec": {"replicas": 3, "template": {"spec": {"terminationGracePeriodSeconds": 60.0,
+            "containers": [{"name": "app", "resources": {"limits": {"memory": "1Gi", "cpu": "250m"}}}]}}}});
+    let holds = |cond: Value| !admit(&idx(cond), &deployment, Some("a")).applied.is_empty();
+    assert!(holds(json!({"path": "$.spec.replicas", "greaterThan": 2})));
+    assert!(!holds(json!({"path": "$.spec.replicas", "greaterThan": 3})));
+    assert!(holds(json!({"path": "$.spec.replicas", "lessThan": "3.5"})));
+    assert!(holds(
+        json!({"path": "$.spec.template.spec.terminationGracePeriodSeconds", "equals": 60})
+    ));
+    assert!(holds(
+        json!({"path": "$.spec.template.spec.containers[*].resources.limits.memory", "greaterThan": "512Mi"})
+    ));
+    assert!(!holds(
+        json!({"path": "$.spec.template.spec.containers[*].resources.limits.cpu", "greaterThan": "0.5"})
+    ));
+    assert!(holds(
+        json!({"path": "$.spec.template.spec.containers[*].resources.limits.cpu", "lessThan": 1})
+    ));
+    let (_, errors) = compile_all(&[cmr(
+        "bad",
+        json!({"match": {"kinds": ["Pod"]}, "conditions": [{"path": "$.a", "greaterThan": "lots"}],
+               "mutations": [label("c", "1")]}),
+    )]);
+    assert!(
+        errors[0].to_string().contains(
+            "spec.conditions[0].greaterThan: \"lots\" is not a number or a Kubernetes quantity"
+        ),
+        "{}",
+        errors[0]
+    );
 }
 
 #[test]

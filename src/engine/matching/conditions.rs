@@ -22,7 +22,21 @@ enum Test {
     /// A query over the object: the condition holds when a value its path selects equals one
     /// of the values this selects.
     In(Query),
+    NotEquals(Value),
+    GreaterThan(f64),
+    LessThan(f64),
 }
+
+/// The tests a condition may set, one of them, as a rule writes them.
+const CONDITION_TESTS: [&str; 7] = [
+    "matches",
+    "equals",
+    "notEquals",
+    "exists",
+    "in",
+    "greaterThan",
+    "lessThan",
+];
 
 #[derive(Clone, Debug)]
 struct Condition {
@@ -94,35 +108,58 @@ impl Conditions {
             let query = parse_path(&c.path)
                 .map_err(|e| errors.push(format!("{at}.path"), e))
                 .ok();
-            let tests = [
+            let set = [
                 c.matches.is_some(),
                 c.equals.is_some(),
+                c.not_equals.is_some(),
                 c.exists.is_some(),
                 c.in_.is_some(),
-            ];
-            let set = tests.iter().filter(|x| **x).count();
-            let test = match (&c.matches, &c.equals, c.exists, &c.in_) {
-                _ if set != 1 => {
-                    errors.push(
-                        &at,
-                        format!(
-                            "{} (found {set})",
-                            exactly_one_of_message(&["matches", "equals", "exists", "in"])
-                        ),
-                    );
-                    None
-                }
-                (Some(re), _, _, _) => compile_regex(re, regex_limit)
+                c.greater_than.is_some(),
+                c.less_than.is_some(),
+            ]
+            .iter()
+            .filter(|x| **x)
+            .count();
+            let bound = |value: &Value, name: &str, errors: &mut Errors| {
+                number_or_quantity(value)
+                    .ok_or_else(|| {
+                        errors.push(
+                            format!("{at}.{name}"),
+                            format!(
+                                "{value} is not a number or a Kubernetes quantity (like 3, \"0.5\", \"512Mi\", \"250m\")"
+                            ),
+                        )
+                    })
+                    .ok()
+            };
+            let test = if set != 1 {
+                errors.push(
+                    &at,
+                    format!("{} (found {set})", exactly_one_of_message(&CONDITION_TESTS)),
+                );
+                None
+            } else if let Some(re) = &c.matches {
+                compile_regex(re, regex_limit)
                     .map(Test::Matches)
                     .map_err(|e| errors.push(format!("{at}.matches"), e))
-                    .ok(),
-                (_, Some(v), _, _) => Some(Test::Equals(v.clone())),
-                (_, _, Some(b), _) => Some(Test::Exists(b)),
-                (_, _, _, Some(q)) => Query::parse(q)
+                    .ok()
+            } else if let Some(v) = &c.equals {
+                Some(Test::Equals(v.clone()))
+            } else if let Some(v) = &c.not_equals {
+                Some(Test::NotEquals(v.clone()))
+            } else if let Some(b) = c.exists {
+                Some(Test::Exists(b))
+            } else if let Some(q) = &c.in_ {
+                Query::parse(q)
                     .map(Test::In)
                     .map_err(|e| errors.push(format!("{at}.in"), e))
-                    .ok(),
-                _ => None,
+                    .ok()
+            } else if let Some(v) = &c.greater_than {
+                bound(v, "greaterThan", errors).map(Test::GreaterThan)
+            } else if let Some(v) = &c.less_than {
+                bound(v, "lessThan", errors).map(Test::LessThan)
+            } else {
+                None
             };
             if let (Some(query), Some(test)) = (query, test) {
                 compiled.push(Condition { query, test });
@@ -199,9 +236,60 @@ impl Condition {
                 .any(|v| v.as_str().is_some_and(|s| re.is_match(s))),
             Test::Equals(want) => found.iter().any(|v| same_value(v, want)),
             Test::Exists(want) => found.is_empty() != *want,
+            Test::NotEquals(unwanted) => !found.iter().any(|v| same_value(v, unwanted)),
+            Test::GreaterThan(bound) => found
+                .iter()
+                .any(|v| number_or_quantity(v).is_some_and(|n| n > *bound)),
+            Test::LessThan(bound) => found
+                .iter()
+                .any(|v| number_or_quantity(v).is_some_and(|n| n < *bound)),
             Test::In(_) => set.is_some_and(|set| found.iter().any(|v| set.contains(&value_key(v)))),
         })
     }
+}
+
+/// A JSON number, or a string holding a number or a Kubernetes quantity (`"512Mi"`, `"250m"`,
+/// `"1.5G"`, `"1e3"`), as a number; `None` for anything else.
+pub(crate) fn number_or_quantity(value: &Value) -> Option<f64> {
+    match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => quantity(s),
+        _ => None,
+    }
+}
+
+fn quantity(text: &str) -> Option<f64> {
+    const SUFFIXES: [(&str, f64); 16] = [
+        ("Ki", 1024.0),
+        ("Mi", 1_048_576.0),
+        ("Gi", 1_073_741_824.0),
+        ("Ti", 1_099_511_627_776.0),
+        ("Pi", 1_125_899_906_842_624.0),
+        ("Ei", 1_152_921_504_606_846_976.0),
+        ("n", 1e-9),
+        ("u", 1e-6),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
+        ("", 1.0),
+    ];
+    let text = text.trim();
+    if text.is_empty() || text.len() > 64 {
+        return None;
+    }
+    let (number, scale) = SUFFIXES
+        .iter()
+        .find_map(|(suffix, scale)| Some((text.strip_suffix(suffix)?, *scale)))?;
+    // Plain decimal (and exponent) notation only: no "inf", "NaN", hex or leading '+' games.
+    let plain = number
+        .chars()
+        .all(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E'));
+    let parsed: f64 = number.parse().ok().filter(|_| plain)?;
+    Some(parsed * scale).filter(|n| n.is_finite())
 }
 
 /// The values an `in` query selected, by [`value_key`]: a lookup per element, however many
@@ -290,6 +378,28 @@ mod tests {
         assert!(!same_value(&json!(u64::MAX), &json!(-1)));
         assert!(!same_value(&json!({"a": 1}), &json!({"a": 1, "b": 2})));
         assert!(same_value(&json!(null), &json!(null)));
+    }
+
+    #[test]
+    fn numbers_and_quantities() {
+        use super::number_or_quantity as q;
+        assert_eq!(q(&json!(3)), Some(3.0));
+        assert_eq!(q(&json!("0.5")), Some(0.5));
+        assert_eq!(q(&json!("512Mi")), Some(536_870_912.0));
+        assert_eq!(q(&json!("250m")), Some(0.25));
+        assert_eq!(q(&json!("1.5G")), Some(1.5e9));
+        assert_eq!(q(&json!("1e3")), Some(1000.0));
+        assert_eq!(q(&json!("2Ki")), Some(2048.0));
+        for bad in [
+            json!("inf"),
+            json!("NaN"),
+            json!("12Mib"),
+            json!(""),
+            json!(true),
+            json!(null),
+        ] {
+            assert_eq!(q(&bad), None, "{bad}");
+        }
     }
 
     #[test]

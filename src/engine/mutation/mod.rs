@@ -500,7 +500,7 @@ mod tests {
             [
                 "spec.mutations[0].remove.where[0].path: \"$.hostPath\" must start with @, the list element (like @.hostPath)",
                 "spec.mutations[0].remove.where[1].in: invalid JSONPath \"spec.volumes\": it must start with '$'",
-                "spec.mutations[0].remove.where[2]: set exactly one of matches, equals, exists, in (found 2)",
+                "spec.mutations[0].remove.where[2]: set exactly one of matches, equals, notEquals, exists, in, greaterThan, lessThan (found 2)",
             ]
         );
         assert_eq!(
