@@ -39,6 +39,7 @@ fn admission(c: &mut Criterion) {
         name: None,
         namespace_labels: None,
         ran_before: RanBefore::Listed { stored: None },
+        lookups: None,
     };
     let mut group = c.benchmark_group(format!("evaluate_pod_{size}b"));
     for total in [10usize, 100, 1_000, 10_000] {

@@ -49,7 +49,8 @@ pub const GATE_PREFIX: &str = "initium.dev/";
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = kube::core::Rule::new("has(self.match.kinds) && size(self.match.kinds) > 0").message("match.kinds must list at least one kind"),
-    validation = kube::core::Rule::new("(has(self.mutations) && size(self.mutations) > 0) || has(self.gate)").message("a rule needs at least one mutation, or a gate")
+    validation = kube::core::Rule::new("(has(self.mutations) && size(self.mutations) > 0) || has(self.gate)").message("a rule needs at least one mutation, or a gate"),
+    validation = kube::core::Rule::new("!has(self.lookups) || self.lookups.all(l, self.lookups.exists_one(m, m.name == l.name))").message("lookup names must be unique within the rule")
 )]
 pub struct RuleSpec {
     /// Order of application: lower runs first (default 100). Ties are broken by scope
@@ -87,6 +88,16 @@ pub struct RuleSpec {
     /// gate controller then removes that gate, and only it. See docs/gates.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<Gate>,
+
+    /// Objects whose content the rule's templates read: `{{ lookups.<name>.data.<key> }}`
+    /// is a JSONPath with `$` the looked-up object (`{{ lookups.ca.data['ca.crt'] }}`).
+    /// initium keeps them in memory through watches, so admission makes no API call. Every
+    /// lookup must be found when the rule runs: a missing object or key is an error of the
+    /// rule, handled by its `failurePolicy`. At most 8, with distinct names. See
+    /// docs/rules.md, "Lookups".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub lookups: Vec<Lookup>,
 }
 
 fn default_priority() -> i32 {
@@ -600,6 +611,55 @@ pub struct ObjectRef {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub conditions: Vec<Condition>,
+}
+
+/// The kinds of object a lookup can read; a [`Lookup`] sets exactly one. ConfigMaps only:
+/// reading Secrets would need initium to read every Secret of the cluster.
+pub const LOOKUP_KINDS: [&str; 1] = ["configMap"];
+
+/// An object the rule's templates read, by a name of the rule's choosing. Set `name` and
+/// exactly one kind of object (today: `configMap`).
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = exactly_one_of(&LOOKUP_KINDS))]
+pub struct Lookup {
+    /// The name templates use, `{{ lookups.<name>... }}`: a lowercase letter, then letters,
+    /// digits and `_`. Unique within the rule.
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z][a-zA-Z0-9_]*$"))]
+    pub name: String,
+    /// A ConfigMap; in templates `$` is the whole ConfigMap, so values are under `data`
+    /// (`{{ lookups.<name>.data.<key> }}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<LookupRef>,
+}
+
+impl Lookup {
+    /// The kinds of object this lookup sets, in [`LOOKUP_KINDS`] order (with the object's
+    /// reference); a valid one sets exactly one.
+    pub fn kinds(&self) -> impl Iterator<Item = (&'static str, &LookupRef)> {
+        // Destructured, so a field added to `Lookup` does not compile until it is listed.
+        let Lookup {
+            name: _,
+            config_map,
+        } = self;
+        [config_map.as_ref().map(|r| ("configMap", r))]
+            .into_iter()
+            .flatten()
+    }
+}
+
+/// The object a lookup reads.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LookupRef {
+    /// The object's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The object's namespace. Omitted: the namespace of the object being admitted. A
+    /// MutationRule may only read objects of its own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
 }
 
 /// Observed state of a rule.

@@ -506,12 +506,13 @@ fn crd_prints_both_crds() {
 #[test]
 fn every_examples_patch_turns_its_input_into_its_output() {
     use initium::cli::input::read_documents;
-    use initium::cli::offline::{Admitted, admit, load_rules, namespace_labels};
+    use initium::cli::offline::{Admitted, admit, load_rules, lookup_store, namespace_labels};
     for name in examples() {
         let dir = root().join("examples").join(&name);
         let rules = load_rules(&[dir.join("rules.yaml")], "default").unwrap();
         let docs = read_documents(&[dir.join("objects.yaml")]).unwrap();
         let namespaces = namespace_labels(&docs);
+        let lookups = lookup_store(&rules.index, &docs, "default");
         for doc in &docs {
             let Admitted::Ok(outcome) = admit(
                 &rules.index,
@@ -519,6 +520,7 @@ fn every_examples_patch_turns_its_input_into_its_output() {
                 initium::api::Operation::Create,
                 "default",
                 &namespaces,
+                &lookups,
             )
             .unwrap() else {
                 panic!("{name}: {} denied", doc.origin);

@@ -62,6 +62,7 @@ fn try_admit(
         name: object.pointer("/metadata/name").and_then(Value::as_str),
         namespace_labels: None,
         ran_before: RanBefore::Unknown,
+        lookups: None,
     };
     index.evaluate(&subject, object.clone(), deadline)
 }
@@ -246,6 +247,7 @@ fn namespace_and_name_come_from_the_request_when_the_object_lacks_them() {
         name: None,
         namespace_labels: None,
         ran_before: RanBefore::Unknown,
+        lookups: None,
     };
     let out = idx.evaluate(&subject, object.clone(), None).unwrap();
     assert_eq!(annotations(&out)["ns"], "payments");
@@ -274,6 +276,7 @@ fn namespace_selectors_use_namespace_labels_and_skip_other_cluster_scoped_object
                 name: None,
                 namespace_labels: labels,
                 ran_before: RanBefore::Unknown,
+                lookups: None,
             };
             !idx.evaluate(&subject, object.clone(), None)
                 .unwrap()
@@ -289,6 +292,7 @@ fn namespace_selectors_use_namespace_labels_and_skip_other_cluster_scoped_object
         name: None,
         namespace_labels: None,
         ran_before: RanBefore::Unknown,
+        lookups: None,
     };
     let out = idx.evaluate(&subject, pod("shop", "a"), None).unwrap();
     assert!(out.applied.is_empty());
@@ -778,6 +782,7 @@ fn a_rule_runs_at_most_once_per_admission_request() {
             namespace: Some("a"),
             name: Some("b"),
             namespace_labels: None,
+            lookups: None,
             ran_before,
         };
         idx.evaluate(&subject, object.clone(), None).unwrap()

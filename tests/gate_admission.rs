@@ -64,6 +64,7 @@ fn admit(index: &RuleIndex, object: &Value, op: Operation) -> Outcome {
         name: None,
         namespace_labels: None,
         ran_before: RanBefore::Unknown,
+        lookups: None,
     };
     index
         .evaluate(&subject, object.clone(), None)

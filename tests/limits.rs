@@ -58,6 +58,7 @@ fn admit_with(
         name: Some("p"),
         namespace_labels: None,
         ran_before: RanBefore::Unknown,
+        lookups: None,
     };
     index.evaluate_with(&subject, object.clone(), deadline, limits)
 }

@@ -60,6 +60,7 @@ pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply 
         &request.kind.kind,
     );
     let namespaces = shared.namespaces.load();
+    let lookups = shared.lookups.load();
     let subject = Subject {
         gvk: &gvk,
         operation,
@@ -71,6 +72,7 @@ pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply 
         ran_before: RanBefore::Listed {
             stored: request.old_object.as_ref().and_then(OldObject::mutated_by),
         },
+        lookups: Some(&lookups),
     };
     let deadline = record.arrival().checked_add(shared.config.budget);
     match index.evaluate_with(&subject, object, deadline, &shared.config.rule_limits) {

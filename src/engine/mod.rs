@@ -10,6 +10,7 @@ mod journal;
 mod kind;
 mod limits;
 mod literal;
+mod lookup;
 mod matching;
 mod mutation;
 mod parse;
@@ -29,6 +30,7 @@ pub use limits::{
     LimitError, Limits, MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, MAX_REGEX_BYTES,
     MAX_RULE_REGEXES, QUERY_WORK_LIMIT, RULE_REGEX_BYTES, RegexError,
 };
+pub use lookup::{LookupError, LookupKind, LookupStore, LookupTarget, MAX_LOOKUPS, TargetObjects};
 pub use matching::MatchError;
 pub use matching::{Conditions, Selector};
 pub use mutation::MutationError;

@@ -1,17 +1,21 @@
 //! `{{ <JSONPath> }}` templates in mutation values. `$` is the object (as the rule found it),
-//! `@` the current `forEach` element. A template that is the whole string keeps the selected
-//! value's JSON type; inside a longer string the value must be a scalar.
+//! `@` the current `forEach` element, `lookups.<name>` an object the rule looks up
+//! (`spec.lookups`). A template that is the whole string keeps the selected value's JSON type;
+//! inside a longer string the value must be a scalar.
 
 use serde_json::{Map, Value};
 
 use super::limits::{MAX_DEPTH, Meter, Size, Stop, measure};
 use super::literal::Lit;
+use super::lookup::{Found, is_lookup_name};
 use super::path::{Query, QueryError, type_name};
 
 #[derive(Clone, Debug, PartialEq)]
 enum Root {
     Object,
     Element,
+    /// The rule's lookup at this position of `spec.lookups` (resolved ones, in order).
+    Lookup(usize),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -51,13 +55,35 @@ pub struct Template {
 pub struct Scope<'a> {
     pub object: &'a Value,
     pub element: Option<&'a Value>,
+    /// The rule's lookups, resolved for this object, in `spec.lookups` order.
+    pub lookups: &'a [Found<'a>],
+}
+
+/// What the templates of a value may refer to where it is, besides `$`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Roots<'a> {
+    /// `@`: inside `forEach` only.
+    pub element: bool,
+    /// `lookups.<name>`: the names of the rule's lookups, in `spec.lookups` order.
+    pub lookups: &'a [String],
 }
 
 impl Template {
-    /// Compiles every string in `value`. `element_allowed` is false outside `forEach`.
+    /// Compiles every string in `value`, with no lookups. `element_allowed` is false outside
+    /// `forEach`. Mutations compile through [`Template::compile_in`].
+    #[cfg(test)]
     pub fn compile(value: &Value, element_allowed: bool) -> Result<Template, MisplacedTemplate> {
+        let roots = Roots {
+            element: element_allowed,
+            lookups: &[],
+        };
+        Template::compile_in(value, &roots)
+    }
+
+    /// Compiles every string in `value`, whose templates may refer to `roots`.
+    pub fn compile_in(value: &Value, roots: &Roots) -> Result<Template, MisplacedTemplate> {
         let mut uses_element = false;
-        let node = compile_node(value, "", element_allowed, &mut uses_element)?;
+        let node = compile_node(value, "", roots, &mut uses_element)?;
         Ok(Template {
             node,
             uses_element,
@@ -93,12 +119,12 @@ impl Template {
 fn compile_node(
     value: &Value,
     at: &str,
-    element_allowed: bool,
+    roots: &Roots,
     uses_element: &mut bool,
 ) -> Result<Node, MisplacedTemplate> {
     let node = match value {
         Value::String(s) => {
-            compile_string(s, element_allowed, uses_element).map_err(|error| MisplacedTemplate {
+            compile_string(s, roots, uses_element).map_err(|error| MisplacedTemplate {
                 at: at.to_string(),
                 error,
             })?
@@ -107,7 +133,7 @@ fn compile_node(
             let nodes = items
                 .iter()
                 .enumerate()
-                .map(|(i, v)| compile_node(v, &format!("{at}/{i}"), element_allowed, uses_element))
+                .map(|(i, v)| compile_node(v, &format!("{at}/{i}"), roots, uses_element))
                 .collect::<Result<Vec<_>, _>>()?;
             if nodes.iter().all(|n| matches!(n, Node::Literal(_))) {
                 Node::Literal(Lit::from_value(value))
@@ -120,7 +146,7 @@ fn compile_node(
                 .iter()
                 .map(|(k, v)| {
                     let escaped = k.replace('~', "~0").replace('/', "~1");
-                    compile_node(v, &format!("{at}/{escaped}"), element_allowed, uses_element)
+                    compile_node(v, &format!("{at}/{escaped}"), roots, uses_element)
                         .map(|n| (k.clone(), n))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -135,11 +161,7 @@ fn compile_node(
     Ok(node)
 }
 
-fn compile_string(
-    s: &str,
-    element_allowed: bool,
-    uses_element: &mut bool,
-) -> Result<Node, TemplateError> {
+fn compile_string(s: &str, roots: &Roots, uses_element: &mut bool) -> Result<Node, TemplateError> {
     if !s.contains("{{") {
         return Ok(Node::Literal(Lit::String(s.into())));
     }
@@ -156,30 +178,7 @@ fn compile_string(
             });
         };
         let source = after[..end].trim();
-        let (root, query_text) = if let Some(tail) = source.strip_prefix('@') {
-            if !element_allowed {
-                return Err(TemplateError::ElementOutsideForEach {
-                    expr: source.to_string(),
-                });
-            }
-            *uses_element = true;
-            (Root::Element, format!("${tail}"))
-        } else if source.starts_with('$') {
-            (Root::Object, source.to_string())
-        } else {
-            return Err(TemplateError::NoRoot {
-                expr: source.to_string(),
-            });
-        };
-        let query = Query::parse(&query_text).map_err(|error| TemplateError::Query {
-            expr: source.to_string(),
-            source: error,
-        })?;
-        parts.push(Part::Expr(Expr {
-            root,
-            query,
-            source: source.to_string(),
-        }));
+        parts.push(Part::Expr(parse_expr(source, roots, uses_element)?));
         rest = &after[end + 2..];
     }
     if !rest.is_empty() {
@@ -189,6 +188,58 @@ fn compile_string(
         return Ok(Node::Whole(expr.clone()));
     }
     Ok(Node::Parts(parts))
+}
+
+/// The prefix of a template that reads a looked-up object.
+const LOOKUPS: &str = "lookups";
+
+/// Parses one expression (what a template has between its braces, trimmed): a JSONPath from
+/// `$` (the object), `@` (the `forEach` element, where `roots` allows it), or
+/// `lookups.<name>` (the rule's lookup of that name, the rest a JSONPath continuation with `$`
+/// the looked-up object). Every kind of expression is parsed here, so whatever takes an
+/// expression takes every kind.
+fn parse_expr(source: &str, roots: &Roots, uses_element: &mut bool) -> Result<Expr, TemplateError> {
+    let expr = || source.to_string();
+    let (root, query_text) = if let Some(tail) = source.strip_prefix('@') {
+        if !roots.element {
+            return Err(TemplateError::ElementOutsideForEach { expr: expr() });
+        }
+        *uses_element = true;
+        (Root::Element, format!("${tail}"))
+    } else if source.starts_with('$') {
+        (Root::Object, source.to_string())
+    } else if let Some(tail) = source
+        .strip_prefix(LOOKUPS)
+        .filter(|t| t.is_empty() || t.starts_with(['.', '[']))
+    {
+        let named = tail.strip_prefix('.').unwrap_or("");
+        let end = named
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(named.len());
+        let (name, rest) = named.split_at(end);
+        if !is_lookup_name(name) || !(rest.is_empty() || rest.starts_with(['.', '['])) {
+            return Err(TemplateError::NoLookupName { expr: expr() });
+        }
+        let Some(position) = roots.lookups.iter().position(|l| l == name) else {
+            return Err(TemplateError::UnknownLookup {
+                expr: expr(),
+                name: name.to_string(),
+                known: roots.lookups.to_vec(),
+            });
+        };
+        (Root::Lookup(position), format!("${rest}"))
+    } else {
+        return Err(TemplateError::NoRoot { expr: expr() });
+    };
+    let query = Query::parse(&query_text).map_err(|error| TemplateError::Query {
+        expr: expr(),
+        source: error,
+    })?;
+    Ok(Expr {
+        root,
+        query,
+        source: source.to_string(),
+    })
 }
 
 fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, Stop> {
@@ -241,11 +292,22 @@ fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, S
 }
 
 fn select_one<'a>(expr: &Expr, scope: &Scope<'a>) -> Result<&'a Value, TemplateError> {
+    let mut looked_up = None;
     let doc = match expr.root {
         Root::Object => scope.object,
         Root::Element => scope.element.ok_or_else(|| TemplateError::ElementGone {
             expr: expr.source.clone(),
         })?,
+        Root::Lookup(i) => {
+            let found = scope
+                .lookups
+                .get(i)
+                .ok_or_else(|| TemplateError::LookupNotResolved {
+                    expr: expr.source.clone(),
+                })?;
+            looked_up = Some(found);
+            found.value
+        }
     };
     let found = expr
         .query
@@ -256,8 +318,14 @@ fn select_one<'a>(expr: &Expr, scope: &Scope<'a>) -> Result<&'a Value, TemplateE
         })?;
     match found.as_slice() {
         [one] => Ok(one),
-        [] => Err(TemplateError::SelectedNothing {
-            expr: expr.source.clone(),
+        [] => Err(match looked_up {
+            None => TemplateError::SelectedNothing {
+                expr: expr.source.clone(),
+            },
+            Some(found) => TemplateError::LookupSelectedNothing {
+                expr: expr.source.clone(),
+                object: found.to_string(),
+            },
         }),
         many => Err(TemplateError::SelectedMany {
             expr: expr.source.clone(),
@@ -275,9 +343,26 @@ pub enum TemplateError {
     #[error("template {{{{ {expr} }}}}: @ (the current element) is only available inside forEach")]
     ElementOutsideForEach { expr: String },
     #[error(
-        "template {{{{ {expr} }}}}: the JSONPath must start with $ (the object) or @ (the forEach element)"
+        "template {{{{ {expr} }}}}: the JSONPath must start with $ (the object), @ (the forEach element) or lookups.<name> (a lookup of the rule)"
     )]
     NoRoot { expr: String },
+    #[error(
+        "template {{{{ {expr} }}}}: name a lookup of the rule, as in {{{{ lookups.<name>.data.<key> }}}}"
+    )]
+    NoLookupName { expr: String },
+    #[error("template {{{{ {expr} }}}}: the rule has no lookup named {name:?} ({})", known_lookups(.known))]
+    UnknownLookup {
+        expr: String,
+        name: String,
+        known: Vec<String>,
+    },
+    #[error(
+        "template {{{{ {expr} }}}} selected nothing in {object}: add what it selects to {object}, or change the template"
+    )]
+    LookupSelectedNothing { expr: String, object: String },
+    /// A lookup template rendered without its lookup resolved: a bug.
+    #[error("template {{{{ {expr} }}}}: its lookup was not read before the rule ran")]
+    LookupNotResolved { expr: String },
     #[error("template {{{{ {expr} }}}}: {source}")]
     Query { expr: String, source: QueryError },
     #[error(
@@ -292,6 +377,15 @@ pub enum TemplateError {
         "template {{{{ {expr} }}}} selected {found}; inside a longer string only strings, numbers and booleans fit"
     )]
     NotScalar { expr: String, found: &'static str },
+}
+
+/// What the rule's lookups are, for the message about an unknown one.
+fn known_lookups(known: &[String]) -> String {
+    if known.is_empty() {
+        "it has no spec.lookups".to_string()
+    } else {
+        format!("spec.lookups has {}", known.join(", "))
+    }
 }
 
 /// A template that does not compile, and where it is in the value: a JSON pointer, empty
@@ -314,7 +408,14 @@ mod tests {
         let mut meter = Meter::new(&limits, None);
         Template::compile(&value, true)
             .map_err(|e| e.to_string())?
-            .render(&Scope { object, element }, &mut meter)
+            .render(
+                &Scope {
+                    object,
+                    element,
+                    lookups: &[],
+                },
+                &mut meter,
+            )
             .map_err(|e| e.to_string())
     }
 

@@ -255,6 +255,7 @@ fn run_rules(case: &Value) -> Result<(), String> {
             name: text("name"),
             namespace_labels: labels.as_ref(),
             ran_before: RanBefore::Unknown,
+            lookups: None,
         };
         let object = s.get("object").cloned().unwrap_or(Value::Null);
         let evaluate =

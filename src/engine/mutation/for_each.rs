@@ -71,6 +71,7 @@ impl ForEach {
         journal: &mut Journal,
         meter: &mut Meter,
     ) -> Result<(), Stop> {
+        let lookups = site.lookups();
         let doc = site.into_object().ok_or(MutationError::NestedForEach)?;
         let elements = self.query.locate(doc)?;
         meter.plan_steps(elements.len(), self.mutations.len())?;
@@ -87,7 +88,7 @@ impl ForEach {
             } else {
                 self.mutations
                     .iter()
-                    .try_for_each(|m| m.apply(doc, element, journal, meter))
+                    .try_for_each(|m| m.apply(doc, element, lookups, journal, meter))
             };
             result.map_err(|e| e.context(|| format!("forEach element {}", element.as_str())))?;
         }

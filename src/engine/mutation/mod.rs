@@ -36,8 +36,9 @@ use super::error::Errors;
 use super::journal::Journal;
 use super::limits::{MAX_DEPTH, Meter, Stop, compile_regex, measure};
 use super::literal::Lit;
+use super::lookup::Found;
 use super::path::Pointer;
-use super::template::{Scope, Template};
+use super::template::{Roots, Scope, Template};
 
 /// A compiled mutation: one variant per kind.
 #[derive(Clone, Debug)]
@@ -52,11 +53,12 @@ pub(crate) enum Mutation {
 }
 
 /// Compiles the mutation at `at` (`spec.mutations[2]`); `regex_limit` is what each of the
-/// rule's regular expressions may compile to.
+/// rule's regular expressions may compile to, `lookups` the names of the rule's lookups.
 pub(crate) fn compile(
     m: &api::Mutation,
     at: &str,
     regex_limit: usize,
+    lookups: &[String],
     errors: &mut Errors,
 ) -> Option<Mutation> {
     let mut cx = Compiler {
@@ -64,6 +66,7 @@ pub(crate) fn compile(
         in_for_each: false,
         regex_limit,
         renders: false,
+        lookups,
     };
     let kind = cx.exactly_one(m.kinds(), &api::MUTATION_KINDS, at)?;
     if m.mutations.is_some() && !matches!(kind, MutationKind::ForEach { .. }) {
@@ -107,18 +110,20 @@ pub(crate) fn count_regexes(m: &api::Mutation) -> usize {
 
 impl Mutation {
     /// Applies the mutation at `base` (the object root, or a `forEach` element), recording
-    /// in `journal` what it changes. Templates read the object as it is now (`$`) and the
-    /// element at `base` (`@`). The error says what went wrong, without the rule name.
-    /// `meter` counts what the mutation writes and watches the latency budget.
+    /// in `journal` what it changes. Templates read the object as it is now (`$`), the
+    /// element at `base` (`@`) and the rule's `lookups`, resolved for this object. The error
+    /// says what went wrong, without the rule name. `meter` counts what the mutation writes
+    /// and watches the latency budget.
     pub(crate) fn apply(
         &self,
         doc: &mut Value,
         base: &Pointer,
+        lookups: &[Found],
         journal: &mut Journal,
         meter: &mut Meter,
     ) -> Result<(), Stop> {
         meter.tick()?;
-        self.apply_at(Site::object(doc, base), journal, meter)
+        self.apply_at(Site::object(doc, base, lookups), journal, meter)
     }
 
     fn apply_at(&self, site: Site, journal: &mut Journal, meter: &mut Meter) -> Result<(), Stop> {
@@ -143,6 +148,8 @@ pub(crate) struct Compiler<'e> {
     regex_limit: usize,
     /// Some template compiled so far renders something (is not literal).
     renders: bool,
+    /// The names of the rule's lookups, which templates may read.
+    lookups: &'e [String],
 }
 
 impl Compiler<'_> {
@@ -154,6 +161,7 @@ impl Compiler<'_> {
             in_for_each: true,
             regex_limit: self.regex_limit,
             renders: false,
+            lookups: self.lookups,
         }
     }
 
@@ -197,7 +205,11 @@ impl Compiler<'_> {
 
     /// A value of the mutation with its templates compiled.
     pub fn template(&mut self, value: &Value, field: &str) -> Option<Template> {
-        match Template::compile(value, self.in_for_each) {
+        let roots = Roots {
+            element: self.in_for_each,
+            lookups: self.lookups,
+        };
+        match Template::compile_in(value, &roots) {
             Ok(t) => {
                 self.renders |= t.literal().is_none();
                 Some(t)
@@ -229,6 +241,8 @@ impl Compiler<'_> {
 pub(crate) struct Site<'a> {
     base: &'a Pointer,
     place: Place<'a>,
+    /// The rule's lookups, resolved for this object.
+    lookups: &'a [Found<'a>],
 }
 
 enum Place<'a> {
@@ -248,18 +262,26 @@ pub(crate) enum Rendered<'t> {
 }
 
 impl<'a> Site<'a> {
-    fn object(doc: &'a mut Value, base: &'a Pointer) -> Site<'a> {
+    fn object(doc: &'a mut Value, base: &'a Pointer, lookups: &'a [Found<'a>]) -> Site<'a> {
         Site {
             base,
             place: Place::Object(doc),
+            lookups,
         }
     }
 
+    /// A target looked up already: nothing is rendered there, so no lookup is read.
     fn target_of(target: &'a mut Value, base: &'a Pointer) -> Site<'a> {
         Site {
             base,
             place: Place::Target(target),
+            lookups: &[],
         }
+    }
+
+    /// The rule's lookups, resolved for this object (for a mutation that applies others).
+    fn lookups(&self) -> &'a [Found<'a>] {
+        self.lookups
     }
 
     pub fn base(&self) -> &'a Pointer {
@@ -297,6 +319,7 @@ impl<'a> Site<'a> {
         let scope = Scope {
             object: doc,
             element,
+            lookups: self.lookups,
         };
         Ok(Rendered::Value(template.render(&scope, meter)?))
     }
@@ -406,7 +429,7 @@ mod tests {
     fn compiled(spec: Value) -> Mutation {
         let spec: api::Mutation = serde_json::from_value(spec).unwrap();
         let mut errors = Errors::default();
-        let m = compile(&spec, "spec.mutations[0]", 1 << 20, &mut errors);
+        let m = compile(&spec, "spec.mutations[0]", 1 << 20, &[], &mut errors);
         assert!(errors.errors.is_empty(), "{:?}", errors.errors);
         m.unwrap()
     }
@@ -414,7 +437,13 @@ mod tests {
     fn apply(m: &Mutation, doc: &mut Value) -> Result<(), Stop> {
         let limits = Limits::default();
         let mut meter = Meter::new(&limits, None);
-        m.apply(doc, &Pointer::root(), &mut Journal::default(), &mut meter)
+        m.apply(
+            doc,
+            &Pointer::root(),
+            &[],
+            &mut Journal::default(),
+            &mut meter,
+        )
     }
 
     #[test]
@@ -464,7 +493,7 @@ mod tests {
     fn compile_errors(spec: Value) -> Vec<String> {
         let spec: api::Mutation = serde_json::from_value(spec).unwrap();
         let mut errors = Errors::default();
-        let m = compile(&spec, "spec.mutations[0]", 1 << 20, &mut errors);
+        let m = compile(&spec, "spec.mutations[0]", 1 << 20, &[], &mut errors);
         assert!(m.is_none(), "an error means no mutation");
         errors.errors.iter().map(ToString::to_string).collect()
     }
@@ -532,7 +561,7 @@ mod tests {
         )
         .unwrap();
         let mut errors = Errors::default();
-        assert!(compile(&spec, "spec.mutations[3]", 1 << 20, &mut errors).is_none());
+        assert!(compile(&spec, "spec.mutations[3]", 1 << 20, &[], &mut errors).is_none());
         assert_eq!(
             errors.errors[0].to_string(),
             "spec.mutations[3]: set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove (found 2)"
