@@ -647,6 +647,33 @@ spec:
             "set exactly one of service, job, pods, object, daemonSet",
         ],
     },
+    Invalid {
+        what: "two lookups of the same name",
+        manifest: "
+kind: MutationRule
+metadata: {name: NAME, namespace: NAMESPACE}
+spec:
+  match: {kinds: [Pod]}
+  lookups: [{name: mirror, configMap: {name: a}}, {name: mirror, configMap: {name: b}}]
+  mutations: [{merge: {metadata: {labels: {a: '{{ lookups.mirror.data.x }}'}}}}]",
+        errors: &["lookup names must be unique within the rule"],
+    },
+    Invalid {
+        what: "a lookup name templates cannot write, and a lookup of nothing",
+        manifest: "
+kind: ClusterMutationRule
+metadata: {name: NAME}
+spec:
+  match: {kinds: [Pod]}
+  lookups: [{name: my-mirror, configMap: {name: a}}, {name: b}]
+  mutations: [{merge: {metadata: {labels: {a: b}}}}]",
+        errors: &[
+            "spec.lookups[0].name",
+            "should match '^[a-z][a-zA-Z0-9_]*$'",
+            "spec.lookups[1]",
+            "set exactly one of configMap",
+        ],
+    },
 ];
 
 /// `kubectl apply --dry-run=server` and `kubectl apply` of `rule` both fail with its errors,
