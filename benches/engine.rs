@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use initium::api::Operation;
-use initium::engine::{Gvk, RuleIndex, Subject, compile_document};
+use initium::engine::{Gvk, RanBefore, RuleIndex, Subject, compile_document};
 use support::fixtures;
 
 fn index(total: usize) -> RuleIndex {
@@ -38,6 +38,8 @@ fn admission(c: &mut Criterion) {
         namespace: Some("shop"),
         name: None,
         namespace_labels: None,
+        ran_before: RanBefore::Listed { stored: None },
+        lookups: None,
     };
     let mut group = c.benchmark_group(format!("evaluate_pod_{size}b"));
     for total in [10usize, 100, 1_000, 10_000] {

@@ -49,7 +49,8 @@ pub const GATE_PREFIX: &str = "initium.dev/";
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = kube::core::Rule::new("has(self.match.kinds) && size(self.match.kinds) > 0").message("match.kinds must list at least one kind"),
-    validation = kube::core::Rule::new("(has(self.mutations) && size(self.mutations) > 0) || has(self.gate)").message("a rule needs at least one mutation, or a gate")
+    validation = kube::core::Rule::new("(has(self.mutations) && size(self.mutations) > 0) || has(self.gate)").message("a rule needs at least one mutation, or a gate"),
+    validation = kube::core::Rule::new("!has(self.lookups) || self.lookups.all(l, self.lookups.exists_one(m, m.name == l.name))").message("lookup names must be unique within the rule")
 )]
 pub struct RuleSpec {
     /// Order of application: lower runs first (default 100). Ties are broken by scope
@@ -87,6 +88,16 @@ pub struct RuleSpec {
     /// gate controller then removes that gate, and only it. See docs/gates.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<Gate>,
+
+    /// Objects whose content the rule's templates read: `{{ lookups.<name>.data.<key> }}`
+    /// is a JSONPath with `$` the looked-up object (`{{ lookups.ca.data['ca.crt'] }}`).
+    /// initium keeps them in memory through watches, so admission makes no API call. Every
+    /// lookup must be found when the rule runs: a missing object or key is an error of the
+    /// rule, handled by its `failurePolicy`. At most 8, with distinct names. See
+    /// docs/rules.md, "Lookups".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub lookups: Vec<Lookup>,
 }
 
 fn default_priority() -> i32 {
@@ -163,9 +174,9 @@ pub struct MatchResources {
 }
 
 /// A condition on the object's content. Set `path` and exactly one of `matches`, `equals`,
-/// `exists`.
+/// `notEquals`, `exists`, `in`, `greaterThan`, `lessThan`.
 // CEL cannot see `equals` (free-form JSON has no type), so "path plus exactly one of
-// matches/equals/exists" is said with property counts; `initium check` and the validating
+// the tests" is said with property counts; `initium check` and the validating
 // webhook give the precise message.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -178,7 +189,8 @@ pub struct Condition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub matches: Option<String>,
-    /// JSON value; holds when any selected value is equal to it (`null` included).
+    /// JSON value; holds when any selected value is equal to it (`null` included; numbers
+    /// compare by value: `60` equals `60.0`).
     #[serde(
         default,
         deserialize_with = "present",
@@ -189,6 +201,29 @@ pub struct Condition {
     /// `true`: the path selects at least one value; `false`: it selects none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exists: Option<bool>,
+    /// RFC 9535 JSONPath over the object; holds when any selected value equals any value it
+    /// selects (e.g. a volume mount whose name is one of `$.spec.volumes[?@.hostPath].name`).
+    #[serde(rename = "in", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub in_: Option<String>,
+    /// JSON value; holds when no selected value equals it (also when the path selects
+    /// nothing).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "any_json_nullable")]
+    pub not_equals: Option<Value>,
+    /// A number or Kubernetes quantity (`3`, `"0.5"`, `"512Mi"`, `"250m"`); holds when any
+    /// selected value (a number or quantity) is greater.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "int_or_string")]
+    pub greater_than: Option<Value>,
+    /// A number or Kubernetes quantity; holds when any selected value is less.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "int_or_string")]
+    pub less_than: Option<Value>,
 }
 
 /// One mutation. Set exactly one of `merge`, `patch`, `upsert`, `forEach` (with `mutations`),
@@ -232,10 +267,23 @@ pub struct Mutation {
     /// Regular-expression rewrite of a string field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<Rewrite>,
+
+    /// Sets fields only where the object (or the `forEach` element) has none: an object
+    /// shaped like a merge patch, applied field by field, never overwriting a value that is
+    /// there (Kyverno's `+(key)` anchors). Where both are objects it goes deeper; a list or
+    /// scalar already there is left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json_object")]
+    pub defaults: Option<Value>,
+
+    /// Removes the elements of a list that satisfy every `where` condition (e.g. every
+    /// `hostPath` volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remove: Option<Remove>,
 }
 
 /// A mutation applied to each element selected by `forEach`; paths are relative to the
-/// element. Set exactly one of `merge`, `patch`, `upsert`, `rewrite`.
+/// element. Set exactly one of `merge`, `patch`, `upsert`, `rewrite`, `defaults`, `remove`.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = exactly_one_of(&element_mutation_kinds()))]
@@ -254,12 +302,22 @@ pub struct ElementMutation {
     /// Regular-expression rewrite of a string field below the element.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<Rewrite>,
+    /// Sets fields of the element only where it has none, never overwriting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json_object")]
+    pub defaults: Option<Value>,
+    /// Removes the elements of a list below the element that satisfy every `where`
+    /// condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remove: Option<Remove>,
 }
 
 /// The kinds of mutation, named as a rule writes them, in the order the CRD's CEL rule and
 /// `initium check` list them. A [`Mutation`] sets exactly one; an [`ElementMutation`] sets one
 /// of them but `forEach`, which cannot nest (see [`element_mutation_kinds`]).
-pub const MUTATION_KINDS: [&str; 5] = ["merge", "patch", "upsert", "forEach", "rewrite"];
+pub const MUTATION_KINDS: [&str; 7] = [
+    "merge", "patch", "upsert", "forEach", "rewrite", "defaults", "remove",
+];
 
 /// The kinds of mutation a `forEach` element can take: all but `forEach`.
 pub fn element_mutation_kinds() -> Vec<&'static str> {
@@ -282,6 +340,8 @@ pub enum MutationKind<'a> {
         mutations: Option<&'a [ElementMutation]>,
     },
     Rewrite(&'a Rewrite),
+    Defaults(&'a Value),
+    Remove(&'a Remove),
 }
 
 impl MutationKind<'_> {
@@ -293,6 +353,8 @@ impl MutationKind<'_> {
             MutationKind::Upsert(_) => "upsert",
             MutationKind::ForEach { .. } => "forEach",
             MutationKind::Rewrite(_) => "rewrite",
+            MutationKind::Defaults(_) => "defaults",
+            MutationKind::Remove(_) => "remove",
         }
     }
 }
@@ -309,6 +371,8 @@ impl Mutation {
             for_each,
             mutations,
             rewrite,
+            defaults,
+            remove,
         } = self;
         [
             merge.as_ref().map(MutationKind::Merge),
@@ -319,6 +383,8 @@ impl Mutation {
                 mutations: mutations.as_deref(),
             }),
             rewrite.as_ref().map(MutationKind::Rewrite),
+            defaults.as_ref().map(MutationKind::Defaults),
+            remove.as_ref().map(MutationKind::Remove),
         ]
         .into_iter()
         .flatten()
@@ -334,12 +400,16 @@ impl ElementMutation {
             patch,
             upsert,
             rewrite,
+            defaults,
+            remove,
         } = self;
         [
             merge.as_ref().map(MutationKind::Merge),
             patch.as_deref().map(MutationKind::Patch),
             upsert.as_ref().map(MutationKind::Upsert),
             rewrite.as_ref().map(MutationKind::Rewrite),
+            defaults.as_ref().map(MutationKind::Defaults),
+            remove.as_ref().map(MutationKind::Remove),
         ]
         .into_iter()
         .flatten()
@@ -409,6 +479,41 @@ pub struct Upsert {
     /// The element; it must have the `key` field. Its strings and keys may hold templates.
     #[schemars(schema_with = "any_json_object")]
     pub value: Value,
+    /// Where a new element goes: `Append` (the end of the list, the default) or `Prepend`
+    /// (the start, e.g. a sidecar that must run before the app). A replaced element keeps
+    /// its place.
+    #[serde(default, skip_serializing_if = "Position::is_append")]
+    pub position: Position,
+}
+
+/// Where `upsert` inserts a new element.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Position {
+    #[default]
+    Append,
+    Prepend,
+}
+
+impl Position {
+    fn is_append(&self) -> bool {
+        *self == Position::Append
+    }
+}
+
+/// Removes the elements of the list at `path` for which every `where` condition holds.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Remove {
+    /// RFC 6901 pointer to the list, e.g. `/spec/volumes` (relative to the element inside
+    /// `forEach`). A missing list is left alone.
+    #[schemars(length(max = 1024))]
+    pub path: String,
+    /// Conditions on each element, all of which must hold for it to go. Their paths start
+    /// with `@` (the list element, e.g. `@.hostPath`); `in` queries start with `$` (the
+    /// object as it is when the mutation runs).
+    #[serde(rename = "where")]
+    #[schemars(length(min = 1, max = 16))]
+    pub where_: Vec<Condition>,
 }
 
 /// Rewrites a string field with a regular expression. A missing field is left alone.
@@ -508,6 +613,55 @@ pub struct ObjectRef {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub conditions: Vec<Condition>,
+}
+
+/// The kinds of object a lookup can read; a [`Lookup`] sets exactly one. ConfigMaps only:
+/// reading Secrets would need initium to read every Secret of the cluster.
+pub const LOOKUP_KINDS: [&str; 1] = ["configMap"];
+
+/// An object the rule's templates read, by a name of the rule's choosing. Set `name` and
+/// exactly one kind of object (today: `configMap`).
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = exactly_one_of(&LOOKUP_KINDS))]
+pub struct Lookup {
+    /// The name templates use, `{{ lookups.<name>... }}`: a lowercase letter, then letters,
+    /// digits and `_`. Unique within the rule.
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z][a-zA-Z0-9_]*$"))]
+    pub name: String,
+    /// A ConfigMap; in templates `$` is the whole ConfigMap, so values are under `data`
+    /// (`{{ lookups.<name>.data.<key> }}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<LookupRef>,
+}
+
+impl Lookup {
+    /// The kinds of object this lookup sets, in [`LOOKUP_KINDS`] order (with the object's
+    /// reference); a valid one sets exactly one.
+    pub fn kinds(&self) -> impl Iterator<Item = (&'static str, &LookupRef)> {
+        // Destructured, so a field added to `Lookup` does not compile until it is listed.
+        let Lookup {
+            name: _,
+            config_map,
+        } = self;
+        [config_map.as_ref().map(|r| ("configMap", r))]
+            .into_iter()
+            .flatten()
+    }
+}
+
+/// The object a lookup reads.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LookupRef {
+    /// The object's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The object's namespace. Omitted: the namespace of the object being admitted. A
+    /// MutationRule may only read objects of its own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
 }
 
 /// Observed state of a rule.
@@ -672,6 +826,10 @@ fn unwrap_descriptions(schema: &mut JSONSchemaProps) {
     }
 }
 
+fn int_or_string(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "x-kubernetes-int-or-string": true })
+}
+
 fn any_json_nullable(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "x-kubernetes-preserve-unknown-fields": true, "nullable": true })
 }
@@ -696,15 +854,17 @@ mod tests {
     fn the_kinds_a_mutation_sets_are_the_listed_kinds_in_order() {
         let upsert = json!({"path": "/l", "key": "k", "value": {"k": 1}});
         let rewrite = json!({"path": "/p", "regex": "a", "replacement": "b"});
+        let remove = json!({"path": "/l", "where": [{"path": "@.k", "exists": true}]});
         let every: Mutation = serde_json::from_value(json!({
-            "rewrite": rewrite, "forEach": "$", "mutations": [], "upsert": upsert,
-            "patch": [], "merge": {}
+            "remove": remove, "defaults": {}, "rewrite": rewrite, "forEach": "$",
+            "mutations": [], "upsert": upsert, "patch": [], "merge": {}
         }))
         .unwrap();
         let names: Vec<&str> = every.kinds().map(|k| k.name()).collect();
         assert_eq!(names, MUTATION_KINDS);
         let every: ElementMutation = serde_json::from_value(json!({
-            "rewrite": rewrite, "upsert": upsert, "patch": [], "merge": {}
+            "remove": remove, "defaults": {}, "rewrite": rewrite, "upsert": upsert,
+            "patch": [], "merge": {}
         }))
         .unwrap();
         let names: Vec<&str> = every.kinds().map(|k| k.name()).collect();

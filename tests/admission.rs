@@ -1247,3 +1247,32 @@ async fn the_rule_limits_of_serve_reach_the_engine() {
         ]
     );
 }
+
+/// The API server can send one object to initium more than once in a request (a call per
+/// webhook whose rules cover it, a reinvocation after another webhook changed it): each call
+/// sees the last one's output, and a rule that already changed the object does not run again,
+/// so an `add` to `/spec/tolerations/-` adds one toleration, not two. An UPDATE runs the rules
+/// the stored object lists again.
+#[tokio::test]
+async fn a_second_call_in_the_same_request_does_not_run_a_rule_again() {
+    let shared = shared(vec![cluster_rule(
+        "tolerate",
+        json!({"match": {"kinds": ["Pod"], "operations": ["CREATE", "UPDATE"]}, "mutations": [{"patch": [
+            {"op": "add", "path": "/spec/tolerations/-", "value": {"key": "dedicated", "operator": "Exists"}}
+        ]}]}),
+    )]);
+    let mut review = review("pod-create");
+    let first = patched(&review, &mutate(&shared, &review).await);
+    let count = |pod: &Value| pod["spec"]["tolerations"].as_array().map_or(0, Vec::len);
+    let before = count(&review["request"]["object"]);
+    assert_eq!(count(&first), before + 1);
+    review["request"]["object"] = first.clone();
+    assert_unchanged(&mutate(&shared, &review).await);
+
+    // The same Pod updated later: the stored object lists the rule, so it runs again.
+    let mut update = review.clone();
+    update["request"]["operation"] = json!("UPDATE");
+    update["request"]["oldObject"] = first.clone();
+    let again = patched(&update, &mutate(&shared, &update).await);
+    assert_eq!(count(&again), before + 2);
+}

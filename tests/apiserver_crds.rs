@@ -502,7 +502,7 @@ spec:
       patch: [{op: remove, path: /metadata/labels/a}]",
         errors: &[
             "spec.mutations[1]",
-            "set exactly one of merge, patch, upsert, forEach, rewrite",
+            "set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove",
         ],
     },
     Invalid {
@@ -515,7 +515,7 @@ spec:
   mutations: [{}]",
         errors: &[
             "spec.mutations[0]",
-            "set exactly one of merge, patch, upsert, forEach, rewrite",
+            "set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove",
         ],
     },
     Invalid {
@@ -645,6 +645,33 @@ spec:
         errors: &[
             "spec.gate.waitFor[0]",
             "set exactly one of service, job, pods, object, daemonSet",
+        ],
+    },
+    Invalid {
+        what: "two lookups of the same name",
+        manifest: "
+kind: MutationRule
+metadata: {name: NAME, namespace: NAMESPACE}
+spec:
+  match: {kinds: [Pod]}
+  lookups: [{name: mirror, configMap: {name: a}}, {name: mirror, configMap: {name: b}}]
+  mutations: [{merge: {metadata: {labels: {a: '{{ lookups.mirror.data.x }}'}}}}]",
+        errors: &["lookup names must be unique within the rule"],
+    },
+    Invalid {
+        what: "a lookup name templates cannot write, and a lookup of nothing",
+        manifest: "
+kind: ClusterMutationRule
+metadata: {name: NAME}
+spec:
+  match: {kinds: [Pod]}
+  lookups: [{name: my-mirror, configMap: {name: a}}, {name: b}]
+  mutations: [{merge: {metadata: {labels: {a: b}}}}]",
+        errors: &[
+            "spec.lookups[0].name",
+            "should match '^[a-z][a-zA-Z0-9_]*$'",
+            "spec.lookups[1]",
+            "set exactly one of configMap",
         ],
     },
 ];

@@ -59,7 +59,9 @@ fn every_example_has_a_passing_test_case() {
         names,
         [
             "default-labels",
+            "from-kyverno",
             "podpreset",
+            "proxy-env",
             "registry-mirror",
             "sidecar",
             "test-ca",
@@ -79,7 +81,7 @@ fn every_example_has_a_passing_test_case() {
     let out = initium(&["test", "examples"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.ends_with("10 passed, 0 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("13 passed, 0 failed\n"), "{stdout}");
 }
 
 #[test]
@@ -254,7 +256,7 @@ fn check_reports_every_invalid_rule_with_its_field_path() {
             "ClusterMutationRule wrong-type {f}#9): spec.priority: invalid type: string \"high\", expected i32"
         ),
         format!(
-            "ClusterMutationRule two-kinds-of-mutation {f}#10): spec.mutations[0]: set exactly one of merge, patch, upsert, forEach, rewrite (found 2)"
+            "ClusterMutationRule two-kinds-of-mutation {f}#10): spec.mutations[0]: set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove (found 2)"
         ),
         format!(
             "MutationRule payments/ns-owner-overreach {f}#11): spec.match.namespaces: a MutationRule applies only to its own namespace; use a ClusterMutationRule"
@@ -283,9 +285,74 @@ fn check_accepts_the_examples() {
     let out = initium(&["check", "-r", "examples"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).ends_with("8 rule(s) valid\n"),
+        text(&out.stdout).ends_with("12 rule(s) valid\n"),
         "{}",
         text(&out.stdout)
+    );
+}
+
+#[test]
+fn apply_reads_lookups_from_the_config_maps_among_the_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        r#"
+apiVersion: initium.dev/v1alpha1
+kind: MutationRule
+metadata: {name: mirror, namespace: shop}
+spec:
+  failurePolicy: Fail
+  match: {kinds: [Pod]}
+  lookups: [{name: mirror, configMap: {name: registry}}]
+  mutations:
+    - merge: {metadata: {annotations: {registry: "{{ lookups.mirror.data.host }}"}}}
+"#,
+    )
+    .unwrap();
+    let objects = |host: Option<&str>| {
+        let config_map = host.map_or(String::new(), |h| {
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: registry, namespace: shop}}\ndata: {{host: {h}}}\n---\n"
+            )
+        });
+        format!(
+            "{config_map}apiVersion: v1\nkind: Pod\nmetadata: {{name: web, namespace: shop}}\nspec: {{containers: []}}\n"
+        )
+    };
+    let args = [
+        "apply",
+        "-r",
+        rules.to_str().unwrap(),
+        "-f",
+        "-",
+        "-o",
+        "json",
+    ];
+    let out = initium_stdin(&args, objects(Some("mirror.local")).as_bytes());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list["items"][0]["kind"], "ConfigMap", "printed as given");
+    assert_eq!(
+        list["items"][1]["metadata"]["annotations"]["registry"],
+        "mirror.local"
+    );
+    // Another value in the inputs, another result: the rule reads the inputs, nothing else.
+    let out = initium_stdin(&args, objects(Some("other.local")).as_bytes());
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        list["items"][1]["metadata"]["annotations"]["registry"],
+        "other.local"
+    );
+    // Without it, the Fail rule denies, naming the ConfigMap.
+    let out = initium_stdin(&args, objects(None).as_bytes());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains(
+            "Pod shop/web: denied: MutationRule shop/mirror (failurePolicy Fail) failed: spec.lookups[0]: ConfigMap shop/registry (lookup \"mirror\") does not exist: create it, or change the lookup"
+        ),
+        "{}",
+        text(&out.stderr)
     );
 }
 
@@ -505,12 +572,13 @@ fn crd_prints_both_crds() {
 #[test]
 fn every_examples_patch_turns_its_input_into_its_output() {
     use initium::cli::input::read_documents;
-    use initium::cli::offline::{Admitted, admit, load_rules, namespace_labels};
+    use initium::cli::offline::{Admitted, admit, load_rules, lookup_store, namespace_labels};
     for name in examples() {
         let dir = root().join("examples").join(&name);
         let rules = load_rules(&[dir.join("rules.yaml")], "default").unwrap();
         let docs = read_documents(&[dir.join("objects.yaml")]).unwrap();
         let namespaces = namespace_labels(&docs);
+        let lookups = lookup_store(&rules.index, &docs, "default");
         for doc in &docs {
             let Admitted::Ok(outcome) = admit(
                 &rules.index,
@@ -518,6 +586,7 @@ fn every_examples_patch_turns_its_input_into_its_output() {
                 initium::api::Operation::Create,
                 "default",
                 &namespaces,
+                &lookups,
             )
             .unwrap() else {
                 panic!("{name}: {} denied", doc.origin);

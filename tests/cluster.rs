@@ -439,3 +439,100 @@ async fn a_service_gets_ready_endpoints_and_a_job_succeeds_with_initialized_pods
         );
     }
 }
+
+/// The constructs a Kyverno user reaches for (issue 14), in one MutationRule, on the Pods of
+/// a Deployment: what the rule writes is what the API server stores and kwok runs. An add to
+/// `/spec/hostAliases/-` where the Pod has no list used to create an object the API server
+/// rejected.
+#[tokio::test]
+async fn one_rule_with_list_adds_defaults_removals_and_a_prepended_container_gives_running_pods() {
+    let _serial = serial().await;
+    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    let client = workloads::client().await;
+    let _initium = Serving::start();
+    let ns = workloads::namespace(&client, "kyverno-like").await;
+    let rule = format!(
+        r#"apiVersion: initium.dev/v1alpha1
+kind: MutationRule
+metadata: {{name: harden, namespace: {ns}}}
+spec:
+  match: {{kinds: [Pod]}}
+  failurePolicy: Fail
+  mutations:
+    - patch:
+        - {{op: add, path: /spec/hostAliases/-, value: {{ip: 10.0.0.10, hostnames: [db.internal]}}}}
+        - {{op: add, path: /spec/imagePullSecrets/0, value: {{name: mirror-pull}}}}
+    - defaults: {{spec: {{securityContext: {{runAsNonRoot: true, runAsUser: 1000}}}}}}
+    - forEach: "$.spec.containers[*]"
+      mutations:
+        - remove: {{path: /volumeMounts, where: [{{path: "@.name", in: "$.spec.volumes[?@.hostPath].name"}}]}}
+        - defaults: {{securityContext: {{allowPrivilegeEscalation: false}}}}
+    - remove: {{path: /spec/volumes, where: [{{path: "@.hostPath", exists: true}}]}}
+    - upsert: {{path: /spec/containers, key: name, position: Prepend, value: {{name: proxy, image: registry.example.com/proxy:1}}}}
+"#
+    );
+    apply_rule(&client, &ns, "harden", &rule).await;
+
+    let mut deployment = serde_json::to_value(workloads::deployment("web", 3)).unwrap();
+    let spec = &mut deployment["spec"]["template"]["spec"];
+    spec["securityContext"] = json!({"runAsUser": 2000});
+    spec["containers"][0]["volumeMounts"] = json!([{"name": "docker", "mountPath": "/var/run"}, {"name": "scratch", "mountPath": "/tmp"}]);
+    spec["volumes"] = json!([
+        {"name": "docker", "hostPath": {"path": "/var/run"}},
+        {"name": "scratch", "emptyDir": {}}
+    ]);
+    let deployment: Deployment = serde_json::from_value(deployment).unwrap();
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    workloads::deployment_available(&client, &ns, "web", ROLLOUT).await;
+    let pods =
+        workloads::pods_running_and_ready(&client, &ns, "app=web", 3, Duration::from_secs(30))
+            .await;
+    for pod in &pods {
+        let pod = serde_json::to_value(pod).unwrap();
+        let spec = &pod["spec"];
+        let at = pod["metadata"]["name"].clone();
+        assert_eq!(
+            spec["hostAliases"],
+            json!([{"ip": "10.0.0.10", "hostnames": ["db.internal"]}]),
+            "{at}"
+        );
+        assert_eq!(
+            spec["imagePullSecrets"],
+            json!([{"name": "mirror-pull"}]),
+            "{at}"
+        );
+        assert_eq!(
+            spec["securityContext"],
+            json!({"runAsNonRoot": true, "runAsUser": 2000}),
+            "{at}: the Pod's own runAsUser stays"
+        );
+        assert_eq!(spec["containers"][0]["name"], "proxy", "{at}");
+        assert_eq!(
+            spec["containers"][1]["securityContext"]["allowPrivilegeEscalation"], false,
+            "{at}"
+        );
+        let mounts: Vec<&str> = spec["containers"][1]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["name"].as_str())
+            .filter(|n| !n.starts_with("kube-api-access"))
+            .collect();
+        assert_eq!(mounts, ["scratch"], "{at}");
+        assert!(
+            !spec["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v.get("hostPath").is_some()),
+            "{at}: no hostPath volume is left"
+        );
+        assert_eq!(
+            pod["metadata"]["annotations"][MUTATED_BY],
+            format!("{ns}/harden")
+        );
+    }
+}

@@ -71,5 +71,9 @@ fn crds_have_the_names_columns_and_validations_users_rely_on() {
             .unwrap()
             .contains("!has(self.match.namespaces)")
     );
-    assert!(text.contains("set exactly one of merge, patch, upsert, forEach, rewrite"));
+    assert!(
+        text.contains(
+            "set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove"
+        )
+    );
 }

@@ -153,6 +153,9 @@ fn the_service_account_may_do_what_initium_does_and_nothing_more() {
         &["watch", "daemonsets.apps", "--all-namespaces"],
         &["create", "events.events.k8s.io", "-n", "team"],
         &["patch", "events.events.k8s.io", "-n", "team"],
+        // Lookups.
+        &["watch", "configmaps", "--all-namespaces"],
+        &["list", "configmaps", "-n", "team"],
     ] {
         assert!(
             can(allowed),
@@ -173,6 +176,8 @@ fn the_service_account_may_do_what_initium_does_and_nothing_more() {
         &["update", "pods", "-n", "team"],
         &["patch", "jobs.batch", "-n", "team"],
         &["patch", "daemonsets.apps", "-n", "team"],
+        &["update", "configmaps", "-n", "team"],
+        &["list", "secrets", "--all-namespaces"],
     ] {
         assert!(
             !can(denied),

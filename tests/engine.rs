@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use initium::api::Operation;
-use initium::engine::{Gvk, Outcome, RuleIndex, RuleSource, Subject, compile_all, parse_rule};
+use initium::engine::{
+    Gvk, Outcome, RanBefore, RuleIndex, RuleSource, Subject, compile_all, parse_rule,
+};
 use serde_json::{Value, json};
 
 fn rule(doc: Value) -> RuleSource {
@@ -59,6 +61,8 @@ fn try_admit(
         namespace: ns,
         name: object.pointer("/metadata/name").and_then(Value::as_str),
         namespace_labels: None,
+        ran_before: RanBefore::Unknown,
+        lookups: None,
     };
     index.evaluate(&subject, object.clone(), deadline)
 }
@@ -242,6 +246,8 @@ fn namespace_and_name_come_from_the_request_when_the_object_lacks_them() {
         namespace: Some("payments"),
         name: None,
         namespace_labels: None,
+        ran_before: RanBefore::Unknown,
+        lookups: None,
     };
     let out = idx.evaluate(&subject, object.clone(), None).unwrap();
     assert_eq!(annotations(&out)["ns"], "payments");
@@ -269,6 +275,8 @@ fn namespace_selectors_use_namespace_labels_and_skip_other_cluster_scoped_object
                 namespace: ns,
                 name: None,
                 namespace_labels: labels,
+                ran_before: RanBefore::Unknown,
+                lookups: None,
             };
             !idx.evaluate(&subject, object.clone(), None)
                 .unwrap()
@@ -283,6 +291,8 @@ fn namespace_selectors_use_namespace_labels_and_skip_other_cluster_scoped_object
         namespace: Some("shop"),
         name: None,
         namespace_labels: None,
+        ran_before: RanBefore::Unknown,
+        lookups: None,
     };
     let out = idx.evaluate(&subject, pod("shop", "a"), None).unwrap();
     assert!(out.applied.is_empty());
@@ -472,6 +482,58 @@ fn conditions_matches_equals_exists() {
     ));
     assert!(run(json!({"path": "$.spec.hostNetwork", "exists": false})));
     assert!(!run(json!({"path": "$.metadata.name", "exists": false})));
+    assert!(run(
+        json!({"path": "$.spec.containers[*].name", "notEquals": "istio-proxy"})
+    ));
+    assert!(!run(
+        json!({"path": "$.spec.containers[*].name", "notEquals": "side"})
+    ));
+    assert!(
+        run(json!({"path": "$.spec.nothing", "notEquals": 1})),
+        "nothing selected is never equal"
+    );
+}
+
+#[test]
+fn numbers_and_quantities_compare_by_value() {
+    let idx = |cond: Value| {
+        index(vec![cmr(
+            "c",
+            json!({"match": {"kinds": ["Deployment"]}, "conditions": [cond], "mutations": [label("c", "1")]}),
+        )])
+    };
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "a"},
+        "spec": {"replicas": 3, "template": {"spec": {"terminationGracePeriodSeconds": 60.0,
+            "containers": [{"name": "app", "resources": {"limits": {"memory": "1Gi", "cpu": "250m"}}}]}}}});
+    let holds = |cond: Value| !admit(&idx(cond), &deployment, Some("a")).applied.is_empty();
+    assert!(holds(json!({"path": "$.spec.replicas", "greaterThan": 2})));
+    assert!(!holds(json!({"path": "$.spec.replicas", "greaterThan": 3})));
+    assert!(holds(json!({"path": "$.spec.replicas", "lessThan": "3.5"})));
+    assert!(holds(
+        json!({"path": "$.spec.template.spec.terminationGracePeriodSeconds", "equals": 60})
+    ));
+    assert!(holds(
+        json!({"path": "$.spec.template.spec.containers[*].resources.limits.memory", "greaterThan": "512Mi"})
+    ));
+    assert!(!holds(
+        json!({"path": "$.spec.template.spec.containers[*].resources.limits.cpu", "greaterThan": "0.5"})
+    ));
+    assert!(holds(
+        json!({"path": "$.spec.template.spec.containers[*].resources.limits.cpu", "lessThan": 1})
+    ));
+    let (_, errors) = compile_all(&[cmr(
+        "bad",
+        json!({"match": {"kinds": ["Pod"]}, "conditions": [{"path": "$.a", "greaterThan": "lots"}],
+               "mutations": [label("c", "1")]}),
+    )]);
+    assert!(
+        errors[0].to_string().contains(
+            "spec.conditions[0].greaterThan: \"lots\" is not a number or a Kubernetes quantity"
+        ),
+        "{}",
+        errors[0]
+    );
 }
 
 #[test]
@@ -557,6 +619,227 @@ fn an_add_into_a_missing_list_creates_the_list() {
     )
     .expect_err("index 1 of a new list");
     assert!(denial.to_string().contains("spec.mutations[0]"), "{denial}");
+}
+
+#[test]
+fn defaults_fill_only_what_is_missing_in_one_mutation() {
+    // Kyverno's default security context: four rules with `exists: false` before, one now.
+    let idx = index(vec![cmr(
+        "secure",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"defaults": {"spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 1000,
+                                                       "seccompProfile": {"type": "RuntimeDefault"}}}}},
+            {"forEach": "$.spec.containers[*]", "mutations": [
+                {"defaults": {"imagePullPolicy": "IfNotPresent",
+                              "securityContext": {"allowPrivilegeEscalation": false}}}
+            ]}
+        ]}),
+    )]);
+    let mut object = pod("a", "b");
+    object["spec"]["securityContext"] = json!({"runAsUser": 0});
+    object["spec"]["containers"][1]["imagePullPolicy"] = json!("Always");
+    let out = admit(&idx, &object, Some("a"));
+    assert_eq!(
+        out.object["spec"]["securityContext"],
+        json!({"runAsUser": 0, "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}),
+        "what the Pod set stays"
+    );
+    assert_eq!(
+        out.object["spec"]["containers"][0]["imagePullPolicy"],
+        "IfNotPresent"
+    );
+    assert_eq!(
+        out.object["spec"]["containers"][1]["imagePullPolicy"],
+        "Always"
+    );
+    assert_eq!(
+        out.object["spec"]["containers"][1]["securityContext"],
+        json!({"allowPrivilegeEscalation": false})
+    );
+    let mut patched = object.clone();
+    json_patch::patch(&mut patched, &out.patch()).unwrap();
+    assert_eq!(patched, out.object);
+    let again = admit(&idx, &out.object, Some("a"));
+    assert!(
+        again.applied.is_empty(),
+        "defaults applied twice change nothing"
+    );
+}
+
+#[test]
+fn remove_takes_hostpath_volumes_and_their_mounts_in_one_rule() {
+    let idx = index(vec![cmr(
+        "no-hostpath",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"forEach": "$.spec['containers','initContainers'][*]", "mutations": [
+                {"remove": {"path": "/volumeMounts",
+                            "where": [{"path": "@.name", "in": "$.spec.volumes[?@.hostPath].name"}]}}
+            ]},
+            {"remove": {"path": "/spec/volumes", "where": [{"path": "@.hostPath", "exists": true}]}}
+        ]}),
+    )]);
+    let mut object = pod("a", "b");
+    object["spec"]["volumes"] = json!([
+        {"name": "host", "hostPath": {"path": "/var/run"}},
+        {"name": "data", "emptyDir": {}},
+        {"name": "docker", "hostPath": {"path": "/var/lib/docker"}}
+    ]);
+    object["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "host", "mountPath": "/h"}, {"name": "data", "mountPath": "/d"}, {"name": "docker", "mountPath": "/x"}
+    ]);
+    object["spec"]["initContainers"] = json!([{"name": "i", "image": "busybox",
+        "volumeMounts": [{"name": "docker", "mountPath": "/x"}]}]);
+    let out = admit(&idx, &object, Some("a"));
+    assert_eq!(
+        out.object["spec"]["volumes"],
+        json!([{"name": "data", "emptyDir": {}}])
+    );
+    assert_eq!(
+        out.object["spec"]["containers"][0]["volumeMounts"],
+        json!([{"name": "data", "mountPath": "/d"}])
+    );
+    assert_eq!(
+        out.object["spec"]["initContainers"][0]["volumeMounts"],
+        json!([])
+    );
+    assert!(
+        out.object["spec"]["containers"][1]
+            .get("volumeMounts")
+            .is_none(),
+        "a missing list stays missing"
+    );
+    let mut patched = object.clone();
+    json_patch::patch(&mut patched, &out.patch()).unwrap();
+    assert_eq!(patched, out.object);
+    assert!(admit(&idx, &out.object, Some("a")).applied.is_empty());
+
+    // A where that is not a list is an error naming the mutation.
+    let idx = index(vec![cmr(
+        "not-a-list",
+        json!({"match": {"kinds": ["Pod"]}, "failurePolicy": "Fail", "mutations": [
+            {"remove": {"path": "/spec/containers/0/name", "where": [{"path": "@.x", "exists": true}]}}
+        ]}),
+    )]);
+    let denial = try_admit(&idx, &pod("a", "b"), Some("a"), Operation::Create, None)
+        .expect_err("a string is not a list");
+    assert!(
+        denial
+            .to_string()
+            .contains("remove /spec/containers/0/name: the field is a string, not a list"),
+        "{denial}"
+    );
+}
+
+#[test]
+fn upsert_prepends_new_elements_and_leaves_replaced_ones_in_place() {
+    let idx = index(vec![cmr(
+        "first",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"upsert": {"path": "/spec/containers", "key": "name", "position": "Prepend",
+                        "value": {"name": "proxy", "image": "envoy"}}},
+            {"upsert": {"path": "/spec/containers", "key": "name", "position": "Prepend",
+                        "value": {"name": "side", "image": "busybox:2"}}}
+        ]}),
+    )]);
+    let out = admit(&idx, &pod("a", "b"), Some("a"));
+    let names: Vec<&str> = out.object["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["proxy", "app", "side"]);
+    assert_eq!(out.object["spec"]["containers"][2]["image"], "busybox:2");
+    let mut patched = pod("a", "b");
+    json_patch::patch(&mut patched, &out.patch()).unwrap();
+    assert_eq!(patched, out.object);
+    assert!(admit(&idx, &out.object, Some("a")).applied.is_empty());
+}
+
+#[test]
+fn a_rule_runs_at_most_once_per_admission_request() {
+    // Two webhook calls (or a reinvocation) for one request: the second sees the first's
+    // output. A non-idempotent patch must not add its toleration twice.
+    let idx = index(vec![
+        cmr(
+            "tolerate",
+            json!({"match": {"kinds": ["Pod"], "operations": ["CREATE", "UPDATE"]}, "mutations": [{"patch": [
+                {"op": "add", "path": "/spec/tolerations/-", "value": {"key": "k", "operator": "Exists"}}
+            ]}]}),
+        ),
+        cmr(
+            "late",
+            json!({"match": {"kinds": ["Pod"], "operations": ["CREATE", "UPDATE"]},
+                   "conditions": [{"path": "$.metadata.labels.late", "exists": true}],
+                   "mutations": [label("seen", "yes")]}),
+        ),
+    ]);
+    let run = |object: &Value, op: Operation, ran_before: RanBefore| {
+        let gvk = Gvk::from_api_version("v1", "Pod");
+        let subject = Subject {
+            gvk: &gvk,
+            operation: op,
+            namespace: Some("a"),
+            name: Some("b"),
+            namespace_labels: None,
+            lookups: None,
+            ran_before,
+        };
+        idx.evaluate(&subject, object.clone(), None).unwrap()
+    };
+    let first = run(
+        &pod("a", "b"),
+        Operation::Create,
+        RanBefore::Listed { stored: None },
+    );
+    assert_eq!(first.applied.len(), 1);
+    // Another webhook adds a label between the calls: the rule whose condition now holds runs,
+    // the one that already ran does not.
+    let mut between = first.object.clone();
+    between["metadata"]["labels"] = json!({"late": "1"});
+    let second = run(
+        &between,
+        Operation::Create,
+        RanBefore::Listed { stored: None },
+    );
+    assert_eq!(
+        second.object["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(second.object["metadata"]["labels"]["seen"], "yes");
+    assert_eq!(
+        second.object["metadata"]["annotations"]["initium.dev/mutated-by"],
+        "tolerate,late"
+    );
+    // An UPDATE of the stored object: rules it already listed ran at an earlier write, and
+    // run again; a rule added to the list during this request does not.
+    let stored = "tolerate";
+    let update = run(
+        &between,
+        Operation::Update,
+        RanBefore::Listed {
+            stored: Some(stored),
+        },
+    );
+    assert_eq!(
+        update.object["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // Offline (Unknown), every rule runs: what idempotence checks need.
+    let offline = run(&second.object, Operation::Create, RanBefore::Unknown);
+    assert_eq!(
+        offline.object["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
 }
 
 #[test]

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use initium::api::Operation;
 use initium::engine::{
-    Dependency, Gvk, Outcome, RuleIndex, RuleSource, Subject, compile_all, gate_name, parse_rule,
+    Dependency, Gvk, Outcome, RanBefore, RuleIndex, RuleSource, Subject, compile_all, gate_name,
+    parse_rule,
 };
 use serde_json::{Value, json};
 
@@ -62,6 +63,8 @@ fn admit(index: &RuleIndex, object: &Value, op: Operation) -> Outcome {
             .and_then(Value::as_str),
         name: None,
         namespace_labels: None,
+        ran_before: RanBefore::Unknown,
+        lookups: None,
     };
     index
         .evaluate(&subject, object.clone(), None)

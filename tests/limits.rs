@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use initium::api::Operation;
 use initium::engine::{
-    Denial, Gvk, Limits, MAX_DEPTH, Outcome, RuleIndex, RuleSource, Subject, compile_all,
-    parse_rule,
+    Denial, Gvk, Limits, MAX_DEPTH, Outcome, RanBefore, RuleIndex, RuleSource, Subject,
+    compile_all, parse_rule,
 };
 use serde_json::{Value, json};
 
@@ -57,6 +57,8 @@ fn admit_with(
         namespace: Some("team"),
         name: Some("p"),
         namespace_labels: None,
+        ran_before: RanBefore::Unknown,
+        lookups: None,
     };
     index.evaluate_with(&subject, object.clone(), deadline, limits)
 }

@@ -7,9 +7,9 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::Value;
 
 use super::state::Shared;
-use crate::engine::{Denial, Gvk, Outcome, RuleId, Subject};
+use crate::engine::{Denial, Gvk, Outcome, RanBefore, RuleId, Subject};
 
-use super::review::{self, AdmissionRequest, AdmissionResponse};
+use super::review::{self, AdmissionRequest, AdmissionResponse, OldObject};
 use super::telemetry::{self, Record, Verdict};
 use super::{Reply, answer};
 
@@ -60,12 +60,19 @@ pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply 
         &request.kind.kind,
     );
     let namespaces = shared.namespaces.load();
+    let lookups = shared.lookups.load();
     let subject = Subject {
         gvk: &gvk,
         operation,
         namespace: request.namespace(),
         name: request.name(),
         namespace_labels: request.namespace().and_then(|ns| namespaces.get(ns)),
+        // One object can reach initium several times in one request (one call per webhook,
+        // reinvocation): a rule runs at most once.
+        ran_before: RanBefore::Listed {
+            stored: request.old_object.as_ref().and_then(OldObject::mutated_by),
+        },
+        lookups: Some(&lookups),
     };
     let deadline = record.arrival().checked_add(shared.config.budget);
     match index.evaluate_with(&subject, object, deadline, &shared.config.rule_limits) {

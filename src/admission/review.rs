@@ -51,6 +51,41 @@ pub struct AdmissionRequest {
     pub object: Option<Value>,
     #[serde(default)]
     pub dry_run: Option<bool>,
+    /// Of `oldObject` (UPDATE), only what the engine needs: which rules had changed the
+    /// stored object. The rest of it is skipped while parsing, not kept.
+    #[serde(default)]
+    pub old_object: Option<OldObject>,
+}
+
+/// The part of `request.oldObject` the mutating webhook reads.
+#[derive(Debug, Default, Deserialize)]
+pub struct OldObject {
+    #[serde(default)]
+    metadata: Option<OldMetadata>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct OldMetadata {
+    #[serde(default)]
+    annotations: Option<OldAnnotations>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct OldAnnotations {
+    #[serde(rename = "initium.dev/mutated-by", default)]
+    mutated_by: Option<String>,
+}
+
+impl OldObject {
+    /// The stored object's `initium.dev/mutated-by`.
+    pub fn mutated_by(&self) -> Option<&str> {
+        self.metadata
+            .as_ref()?
+            .annotations
+            .as_ref()?
+            .mutated_by
+            .as_deref()
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,7 +1,7 @@
 //! What the admission server reads and the controllers write, shared across tasks.
 //!
-//! Readers never wait: the rule index and the namespace labels are swapped whole
-//! (`ArcSwap`), so a request sees one consistent index from start to end.
+//! Readers never wait: the rule index, the namespace labels and the lookup store are swapped
+//! whole (`ArcSwap`), so a request sees one consistent index from start to end.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 
 use super::Limits;
 use super::limits::InflightBytes;
-use crate::engine::{Limits as RuleLimits, RuleIndex};
+use crate::engine::{Limits as RuleLimits, LookupStore, RuleIndex};
 use crate::metrics::Metrics;
 
 /// Labels of every Namespace, by name (for `namespaceSelector`).
@@ -58,6 +58,8 @@ pub const DEFAULT_BUDGET_MS: u64 = 200;
 pub struct Shared {
     pub rules: ArcSwap<RuleIndex>,
     pub namespaces: ArcSwap<NamespaceLabels>,
+    /// The objects the Ready rules look up (`spec.lookups`), kept by the `lookups` duty.
+    pub lookups: ArcSwap<LookupStore>,
     /// Set once the rules (and namespaces) have been listed completely: `/readyz`.
     synced: AtomicBool,
     /// Set while the webhook server accepts connections: `/readyz`.
@@ -123,6 +125,7 @@ impl Shared {
         Arc::new(Shared {
             rules: ArcSwap::from_pointee(RuleIndex::default()),
             namespaces: ArcSwap::from_pointee(NamespaceLabels::new()),
+            lookups: ArcSwap::from_pointee(LookupStore::default()),
             synced: AtomicBool::new(false),
             webhook_serving: AtomicBool::new(false),
             metrics: Metrics::default(),

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::api::Operation;
 use crate::{Error, Result};
 
-use offline::{Admitted, admit, describe_object, load_rules, namespace_labels};
+use offline::{Admitted, admit, describe_object, load_rules, lookup_store, namespace_labels};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -134,6 +134,7 @@ fn apply(args: ApplyArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
     }
     let docs = input::read_documents(&args.objects)?;
     let namespaces = namespace_labels(&docs);
+    let lookups = lookup_store(&rules.index, &docs, &args.namespace);
     let mut results = Vec::with_capacity(docs.len());
     let mut denials = Vec::new();
     for doc in &docs {
@@ -143,6 +144,7 @@ fn apply(args: ApplyArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
             args.operation.into(),
             &args.namespace,
             &namespaces,
+            &lookups,
         )? {
             Admitted::Ok(outcome) => {
                 let what = describe_object(&doc.value);

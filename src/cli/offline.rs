@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use crate::api::Operation;
 use crate::engine::{
-    Denial, FieldError, Gvk, Outcome, RuleErrors, RuleIndex, Subject, compile, is_rule_document,
-    parse_rule,
+    Denial, FieldError, Gvk, LookupKind, LookupStore, Outcome, RanBefore, RuleErrors, RuleIndex,
+    Subject, compile, is_rule_document, parse_rule,
 };
 use crate::{Error, Result};
 
@@ -116,19 +116,47 @@ pub fn namespace_labels(docs: &[Document]) -> BTreeMap<String, BTreeMap<String, 
     out
 }
 
+/// What the rules' lookups read offline: the ConfigMaps among `docs` (one without
+/// `metadata.namespace` is in `default_namespace`), as they are in the files.
+pub fn lookup_store(index: &RuleIndex, docs: &[Document], default_namespace: &str) -> LookupStore {
+    let targets = index
+        .rules()
+        .iter()
+        .flat_map(|rule| rule.lookup_targets().cloned());
+    let objects = docs.iter().filter_map(|doc| {
+        let v = &doc.value;
+        let kind = match (
+            v.get("apiVersion").and_then(Value::as_str),
+            v.get("kind").and_then(Value::as_str),
+        ) {
+            (Some("v1"), Some("ConfigMap")) => LookupKind::ConfigMap,
+            _ => return None,
+        };
+        let namespace = v
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or(default_namespace);
+        Some((kind, namespace, v))
+    });
+    LookupStore::offline(targets, objects)
+}
+
 /// The result for one input object.
 pub enum Admitted {
     Ok(Outcome),
     Denied(Denial),
 }
 
-/// Puts one object through the engine the way the API server would present it.
+/// Puts one object through the engine the way the API server would present it; `lookups` is
+/// what [`lookup_store`] made of the inputs.
 pub fn admit(
     index: &RuleIndex,
     doc: &Document,
     operation: Operation,
     default_namespace: &str,
     namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+    lookups: &LookupStore,
 ) -> Result<Admitted> {
     let object = &doc.value;
     let bad = |message: String| Error::input(doc.origin.clone(), message);
@@ -162,6 +190,8 @@ pub fn admit(
         name: meta_str("name"),
         // Offline, a namespace without a Namespace object among the inputs has no labels.
         namespace_labels: namespace.map(|ns| namespaces.get(ns).unwrap_or(&NO_LABELS)),
+        ran_before: RanBefore::Unknown,
+        lookups: Some(lookups),
     };
     Ok(match index.evaluate(&subject, object.clone(), None) {
         Ok(outcome) => Admitted::Ok(outcome),

@@ -16,7 +16,9 @@ use crate::engine::sanitize;
 use crate::{Error, Result};
 
 use super::input::{Document, parse_documents, read_documents};
-use super::offline::{Admitted, admit, describe_object, load_rules, namespace_labels};
+use super::offline::{
+    Admitted, admit, describe_object, load_rules, lookup_store, namespace_labels,
+};
 use super::output::yaml;
 
 /// File names that `initium test DIR` picks up.
@@ -218,12 +220,14 @@ fn run_case(
     let expected = load_sources(&case.expected, base, origin)?;
     let mut namespaces: BTreeMap<String, BTreeMap<String, String>> = namespace_labels(&inputs);
     namespaces.extend(namespace_labels(&expected));
+    // Lookups read the ConfigMaps among the case's objects, as they are written there.
+    let lookups = lookup_store(index, &inputs, namespace);
     let mut problems = Vec::new();
     let mut outputs = Vec::new();
     let mut warnings = Vec::new();
     let mut denials = Vec::new();
     for doc in &inputs {
-        match admit(index, doc, operation, namespace, &namespaces)? {
+        match admit(index, doc, operation, namespace, &namespaces, &lookups)? {
             Admitted::Ok(outcome) => {
                 warnings.extend(outcome.warnings.clone());
                 outputs.push(outcome.object);
@@ -276,7 +280,8 @@ fn run_case(
     }
     // Idempotence: the rules must leave their own expected output alone.
     for want in &expected {
-        if let Admitted::Ok(again) = admit(index, want, operation, namespace, &namespaces)?
+        if let Admitted::Ok(again) =
+            admit(index, want, operation, namespace, &namespaces, &lookups)?
             && again.object != want.value
         {
             problems.push(format!(

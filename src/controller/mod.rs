@@ -17,6 +17,8 @@
 //! - [`leader`]: the Lease that elects the writer, and the `initium_leader` gauge.
 //! - [`rules`]: watch both rule kinds, compile, swap the index, decide which rules are Ready.
 //! - [`namespaces`]: watch Namespace labels.
+//! - [`lookups`]: watch the objects the Ready rules look up (`spec.lookups`), one watch per
+//!   distinct target, started and stopped as rules change.
 //! - `gate` (folder): the gate controller. Watches the gated Pods and, per kind, what they
 //!   wait on; releases initium's scheduling gates (leader only) when the dependencies hold,
 //!   on timeout, or when the rule is gone. `state.rs` is its pure half (reverse index,
@@ -64,6 +66,7 @@ pub mod discovery;
 pub(crate) mod duty;
 pub(crate) mod gate;
 pub mod leader;
+pub mod lookups;
 pub mod namespaces;
 pub mod rules;
 pub mod status;
@@ -316,6 +319,12 @@ pub async fn run(
         snapshot_tx,
         needs_tx,
     ));
+    duties.start(lookups::Lookups::new(
+        client.clone(),
+        shared.clone(),
+        readiness.clone(),
+        snapshot_rx.clone(),
+    ));
     duties.start(gate::Gates::new(
         client.clone(),
         shared.clone(),
@@ -408,6 +417,7 @@ impl Readiness {
     pub(crate) const RULES: &'static str = "MutationRules";
     pub(crate) const DISCOVERY: &'static str = "discovery";
     pub(crate) const GATED_PODS: &'static str = "gated Pods";
+    pub(crate) const LOOKUPS: &'static str = "lookups";
 
     fn new(shared: Arc<Shared>) -> Readiness {
         Readiness {
@@ -418,6 +428,7 @@ impl Readiness {
                 Self::RULES,
                 Self::DISCOVERY,
                 Self::GATED_PODS,
+                Self::LOOKUPS,
             ]),
         }
     }
@@ -429,7 +440,9 @@ impl Readiness {
         pending.retain(|p| *p != part);
         if before > 0 && pending.is_empty() {
             self.shared.mark_synced();
-            tracing::info!("rules, Namespaces, discovery and gated Pods are synced: ready");
+            tracing::info!(
+                "rules, Namespaces, discovery, gated Pods and lookups are synced: ready"
+            );
         }
     }
 }

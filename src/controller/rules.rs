@@ -820,6 +820,11 @@ mod tests {
             "the gated Pods have not been listed yet"
         );
         readiness.done(Readiness::GATED_PODS);
+        assert!(
+            !shared.is_synced(),
+            "the looked-up objects have not been listed yet"
+        );
+        readiness.done(Readiness::LOOKUPS);
         assert!(shared.is_synced());
     }
 }

@@ -2,6 +2,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use super::limits::LimitError;
+use super::lookup::LookupError;
 use super::matching::MatchError;
 use super::mutation::MutationError;
 use super::path::{PointerError, QueryError};
@@ -98,6 +99,8 @@ pub enum ApplyError {
     Mutation(#[from] MutationError),
     #[error(transparent)]
     Template(#[from] TemplateError),
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
     #[error(transparent)]
     Query(#[from] QueryError),
     #[error(transparent)]

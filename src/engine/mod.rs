@@ -10,6 +10,7 @@ mod journal;
 mod kind;
 mod limits;
 mod literal;
+mod lookup;
 mod matching;
 mod mutation;
 mod parse;
@@ -29,12 +30,13 @@ pub use limits::{
     LimitError, Limits, MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, MAX_REGEX_BYTES,
     MAX_RULE_REGEXES, QUERY_WORK_LIMIT, RULE_REGEX_BYTES, RegexError,
 };
+pub use lookup::{LookupError, LookupKind, LookupStore, LookupTarget, MAX_LOOKUPS, TargetObjects};
 pub use matching::MatchError;
 pub use matching::{Conditions, Selector};
 pub use mutation::MutationError;
 pub use parse::{RuleSource, compile_document, is_rule_document, parse_rule};
 pub use path::{PointerError, QueryError, QueryProblem, type_name as describe_value};
-pub use rule::{CompiledRule, DurationError, RuleId, Subject, compile, parse_duration};
+pub use rule::{CompiledRule, DurationError, RanBefore, RuleId, Subject, compile, parse_duration};
 pub use template::{MisplacedTemplate, TemplateError};
 
 /// Compiles every rule; the ones that fail are reported and left out, the others still work.

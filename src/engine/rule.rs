@@ -17,6 +17,7 @@ use super::gate::{self, CompiledGate};
 use super::journal::Journal;
 use super::kind::{Gvk, KindPattern};
 use super::limits::{MAX_RULE_REGEXES, Meter, Stop, regex_share};
+use super::lookup::{self, CompiledLookup, Found, LookupStore, LookupTarget};
 use super::matching::{Conditions, MatchError, Matcher};
 use super::mutation::{self, Mutation, MutationError};
 use super::path::{Pointer, type_name as describe_value};
@@ -99,6 +100,25 @@ pub struct Subject<'a> {
     /// a rule that needs them then fails (and its `failurePolicy` decides) rather than
     /// guess; offline callers pass an empty map for namespaces they have no object for.
     pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    /// The objects rules look up (`spec.lookups`). `None`: none can be read, and a rule with
+    /// lookups fails (its `failurePolicy` decides).
+    pub lookups: Option<&'a LookupStore>,
+    /// Which rules already ran on this object during this admission request.
+    pub ran_before: RanBefore<'a>,
+}
+
+/// Which rules already ran on the object during the current admission request: the API server
+/// may send one object to initium more than once (one call per webhook whose rules cover it,
+/// and a reinvocation when a later webhook changed it), and a rule that is not idempotent
+/// (`add` to `/spec/tolerations/-`) must not run twice. A rule runs at most once per request.
+#[derive(Clone, Copy, Debug)]
+pub enum RanBefore<'a> {
+    /// Run every matching rule: offline, and where idempotence itself is being checked.
+    Unknown,
+    /// At admission: the rules the object's `initium.dev/mutated-by` lists ran earlier in this
+    /// request, except those the stored object (`stored`, its annotation on UPDATE; `None` on
+    /// CREATE) already listed, which ran at an earlier write and run again.
+    Listed { stored: Option<&'a str> },
 }
 
 impl Subject<'_> {
@@ -119,6 +139,7 @@ pub struct CompiledRule {
     conditions: Conditions,
     mutations: Vec<Mutation>,
     gate: Option<Gated>,
+    lookups: Vec<CompiledLookup>,
 }
 
 /// A rule's gate: what the gate controller reads, and the mutations that hold a Pod.
@@ -157,6 +178,11 @@ impl CompiledRule {
     /// The rule's gate, if it has one (for the gate controller).
     pub fn gate(&self) -> Option<&Arc<CompiledGate>> {
         self.gate.as_ref().map(|g| &g.gate)
+    }
+
+    /// What the rule's lookups read (for the watches that keep the lookup store current).
+    pub fn lookup_targets(&self) -> impl Iterator<Item = &LookupTarget> {
+        self.lookups.iter().map(CompiledLookup::target)
     }
 
     /// The operations the rule can act on (for the webhook configuration).
@@ -210,10 +236,15 @@ impl CompiledRule {
             Ok(false) => return RuleResult::NotMatched,
             Err(e) => return RuleResult::Failed(e.into()),
         }
+        // Before any change: a lookup that cannot be read fails the rule, named.
+        let found = match lookup::resolve(&self.lookups, subject) {
+            Ok(found) => found,
+            Err(stop) => return RuleResult::Failed(stop),
+        };
         meter.start_rule();
         let mut journal = Journal::default();
         let result = catch_unwind(AssertUnwindSafe(|| {
-            self.mutate(subject.operation, doc, &mut journal, meter)?;
+            self.mutate(subject.operation, doc, &found, &mut journal, meter)?;
             check_identity(&journal, doc)
         }))
         .unwrap_or_else(|panic| Err(InternalError::from_panic(&*panic).into()));
@@ -237,12 +268,13 @@ impl CompiledRule {
         &self,
         operation: Operation,
         doc: &mut Value,
+        lookups: &[Found],
         journal: &mut Journal,
         meter: &mut Meter,
     ) -> Result<(), Stop> {
         let root = Pointer::root();
         for (i, m) in self.mutations.iter().enumerate() {
-            m.apply(doc, &root, journal, meter)
+            m.apply(doc, &root, lookups, journal, meter)
                 .map_err(|e| e.context(|| format!("spec.mutations[{i}]")))?;
         }
         // A gate is the Pod's pending slot: added at CREATE only (the API server refuses new
@@ -258,7 +290,7 @@ impl CompiledRule {
                 return Err(Stop::from(MutationError::BoundPod).context(|| "spec.gate".to_string()));
             }
             for m in &gated.hold {
-                m.apply(doc, &root, journal, meter)
+                m.apply(doc, &root, &[], journal, meter)
                     .map_err(|e| e.context(|| "spec.gate".to_string()))?;
             }
         }
@@ -341,6 +373,7 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
         );
     }
     let regex_limit = regex_share(regexes);
+    let lookups = lookup::compile(&id, &spec.lookups, &mut errors);
     let conditions = Conditions::compile(&spec.conditions, regex_limit, &mut errors);
     if spec.mutations.is_empty() && spec.gate.is_none() {
         errors.push(
@@ -353,7 +386,13 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
         .iter()
         .enumerate()
         .filter_map(|(i, m)| {
-            mutation::compile(m, &format!("spec.mutations[{i}]"), regex_limit, &mut errors)
+            mutation::compile(
+                m,
+                &format!("spec.mutations[{i}]"),
+                regex_limit,
+                &lookups.names,
+                &mut errors,
+            )
         })
         .collect();
     let gate = spec.gate.as_ref().and_then(|g| {
@@ -403,6 +442,7 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
             gate: Arc::new(g),
             hold,
         }),
+        lookups: lookups.lookups,
     })
 }
 
@@ -415,6 +455,7 @@ fn gate_mutations(name: &str, regex_limit: usize, errors: &mut Errors) -> Vec<Mu
                 path: "/spec/schedulingGates".into(),
                 key: "name".into(),
                 value: serde_json::json!({ "name": name }),
+                position: api::Position::Append,
             }),
             ..Default::default()
         },
@@ -425,7 +466,7 @@ fn gate_mutations(name: &str, regex_limit: usize, errors: &mut Errors) -> Vec<Mu
     ];
     specs
         .iter()
-        .filter_map(|m| mutation::compile(m, "spec.gate", regex_limit, errors))
+        .filter_map(|m| mutation::compile(m, "spec.gate", regex_limit, &[], errors))
         .collect()
 }
 

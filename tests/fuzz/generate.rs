@@ -683,12 +683,44 @@ fn match_resources(rng: &mut Rng, cluster: bool, exclude: bool) -> Value {
 
 fn condition(rng: &mut Rng) -> Value {
     let path = jsonpath(rng);
-    match rng.below(4) {
+    condition_on(rng, path)
+}
+
+/// A condition with `path` and a random test (sometimes two tests, or a bad bound).
+fn condition_on(rng: &mut Rng, path: String) -> Value {
+    match rng.below(9) {
         0 => json!({"path": path, "matches": regex(rng)}),
         1 => json!({"path": path, "equals": value(rng, 2, false, false)}),
         2 => json!({"path": path, "exists": rng.chance(50)}),
+        3 => json!({"path": path, "notEquals": value(rng, 2, false, false)}),
+        4 => json!({"path": path, "in": jsonpath(rng)}),
+        5 => json!({"path": path, "greaterThan": *rng.pick(&["1", "512Mi", "250m", "x", "1e400"])}),
+        6 => json!({"path": path, "lessThan": rng.range(0, 100)}),
         _ => json!({"path": path, "matches": regex(rng), "exists": true}),
     }
+}
+
+/// `remove` of the elements of a list chosen by conditions on each (`@`).
+fn remove(rng: &mut Rng) -> Value {
+    let field = *rng.pick(&["name", "hostPath", "image", "mountPath", "x"]);
+    let path = if rng.chance(90) {
+        format!("@.{field}")
+    } else {
+        jsonpath(rng)
+    };
+    let conditions: Vec<Value> = (0..rng.range(1, 3))
+        .map(|_| condition_on(rng, path.clone()))
+        .collect();
+    json!({"remove": {"path": pointer(rng), "where": conditions}})
+}
+
+/// `defaults`: fields set where absent.
+fn defaults(rng: &mut Rng, element: bool, templates: bool) -> Value {
+    let mut v = value(rng, 3, element, templates);
+    if !v.is_object() || rng.chance(30) {
+        v = json!({"metadata": {"labels": {"team": value_string(rng, element, templates)}}});
+    }
+    json!({"defaults": v})
 }
 
 fn patch_op(rng: &mut Rng, element: bool, templates: bool) -> Value {
@@ -738,18 +770,20 @@ fn merge(rng: &mut Rng, element: bool, templates: bool) -> Value {
 }
 
 fn element_mutation(rng: &mut Rng, templates: bool) -> Value {
-    match rng.below(4) {
+    match rng.below(6) {
         0 => merge(rng, true, templates),
         1 => {
             json!({"patch": (0..rng.range(1, 3)).map(|_| patch_op(rng, true, templates)).collect::<Vec<_>>()})
         }
         2 => upsert(rng, true, templates),
+        3 => defaults(rng, true, templates),
+        4 => remove(rng),
         _ => rewrite(rng),
     }
 }
 
 fn mutation(rng: &mut Rng) -> Value {
-    let mut m = match rng.below(10) {
+    let mut m = match rng.below(12) {
         0 | 1 => merge(rng, false, true),
         2 | 3 => {
             json!({"patch": (0..rng.range(1, 3)).map(|_| patch_op(rng, false, true)).collect::<Vec<_>>()})
@@ -757,8 +791,15 @@ fn mutation(rng: &mut Rng) -> Value {
         4 | 5 => upsert(rng, false, true),
         6 | 7 => json!({"forEach": element_jsonpath(rng),
                         "mutations": (0..rng.range(1, 3)).map(|_| element_mutation(rng, true)).collect::<Vec<_>>()}),
+        8 => defaults(rng, false, true),
+        9 => remove(rng),
         _ => rewrite(rng),
     };
+    if rng.chance(10)
+        && let Some(upsert) = m.get_mut("upsert")
+    {
+        upsert["position"] = json!(*rng.pick(&["Prepend", "Append", "Middle"]));
+    }
     if rng.chance(3) {
         // Two kinds at once, or a forEach without mutations: compile errors.
         let other = merge(rng, false, false);
@@ -875,9 +916,11 @@ pub fn rule(rng: &mut Rng, index: usize) -> Value {
 /// `upsert` with literal values, `rewrite` whose output no longer matches, alone or in a
 /// `forEach` over list elements.
 pub fn idempotent_rule(rng: &mut Rng) -> Value {
-    let one = |rng: &mut Rng, element: bool| match rng.below(3) {
+    let one = |rng: &mut Rng, element: bool| match rng.below(5) {
         0 => merge(rng, element, false),
         1 => upsert(rng, element, false),
+        2 => defaults(rng, element, false),
+        3 => remove(rng),
         _ => {
             let (r, p) = rng.pick(REGEX_PAIRS);
             let path = if element { "/image" } else { "/metadata/name" };

@@ -15,7 +15,7 @@ use base64::engine::general_purpose::STANDARD;
 use clap::Parser;
 use initium::admission::state::{AdmissionConfig, Shared};
 use initium::api::Operation;
-use initium::engine::{Denial, Gvk, Outcome, RuleIndex, Subject, compile_document};
+use initium::engine::{Denial, Gvk, Outcome, RanBefore, RuleIndex, Subject, compile_document};
 use regex::Regex;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -254,6 +254,8 @@ fn run_rules(case: &Value) -> Result<(), String> {
             namespace: text("namespace"),
             name: text("name"),
             namespace_labels: labels.as_ref(),
+            ran_before: RanBefore::Unknown,
+            lookups: None,
         };
         let object = s.get("object").cloned().unwrap_or(Value::Null);
         let evaluate =

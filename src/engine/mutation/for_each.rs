@@ -22,6 +22,7 @@ pub(super) fn compile(
     at: &str,
     cx: &mut Compiler,
 ) -> Option<ForEach> {
+    let before = cx.error_count();
     let field = format!("{at}.forEach");
     let hint = "the JSONPath is fixed when the rule is compiled; it can choose elements by their content with a filter, like $.spec.containers[?@.name == 'app']";
     let query = if cx.fixed(query, &field, hint) {
@@ -52,6 +53,9 @@ pub(super) fn compile(
         }
     }
     let literal = !nested.renders();
+    if cx.error_count() != before {
+        return None;
+    }
     Some(ForEach {
         query: query?,
         mutations,
@@ -71,6 +75,7 @@ impl ForEach {
         journal: &mut Journal,
         meter: &mut Meter,
     ) -> Result<(), Stop> {
+        let lookups = site.lookups();
         let doc = site.into_object().ok_or(MutationError::NestedForEach)?;
         let elements = self.query.locate(doc)?;
         meter.plan_steps(elements.len(), self.mutations.len())?;
@@ -87,7 +92,7 @@ impl ForEach {
             } else {
                 self.mutations
                     .iter()
-                    .try_for_each(|m| m.apply(doc, element, journal, meter))
+                    .try_for_each(|m| m.apply(doc, element, lookups, journal, meter))
             };
             result.map_err(|e| e.context(|| format!("forEach element {}", element.as_str())))?;
         }

@@ -19,9 +19,11 @@
 //! 3. Here: one variant of [`Mutation`], one arm in [`compile_kind`] and one arm in
 //!    [`Mutation::apply_at`] (and in [`count_regexes`] if it compiles regular expressions).
 
+mod defaults;
 mod for_each;
 mod merge;
 mod patch;
+mod remove;
 mod rewrite;
 mod upsert;
 
@@ -34,8 +36,9 @@ use super::error::Errors;
 use super::journal::Journal;
 use super::limits::{MAX_DEPTH, Meter, Stop, compile_regex, measure};
 use super::literal::Lit;
+use super::lookup::Found;
 use super::path::Pointer;
-use super::template::{self, Scope, Template};
+use super::template::{self, Roots, Scope, Template};
 
 /// A compiled mutation: one variant per kind.
 #[derive(Clone, Debug)]
@@ -45,14 +48,17 @@ pub(crate) enum Mutation {
     Upsert(upsert::Upsert),
     Rewrite(rewrite::Rewrite),
     ForEach(for_each::ForEach),
+    Defaults(defaults::Defaults),
+    Remove(remove::Remove),
 }
 
 /// Compiles the mutation at `at` (`spec.mutations[2]`); `regex_limit` is what each of the
-/// rule's regular expressions may compile to.
+/// rule's regular expressions may compile to, `lookups` the names of the rule's lookups.
 pub(crate) fn compile(
     m: &api::Mutation,
     at: &str,
     regex_limit: usize,
+    lookups: &[String],
     errors: &mut Errors,
 ) -> Option<Mutation> {
     let mut cx = Compiler {
@@ -60,6 +66,7 @@ pub(crate) fn compile(
         in_for_each: false,
         regex_limit,
         renders: false,
+        lookups,
     };
     let kind = cx.exactly_one(m.kinds(), &api::MUTATION_KINDS, at)?;
     if m.mutations.is_some() && !matches!(kind, MutationKind::ForEach { .. }) {
@@ -79,6 +86,8 @@ fn compile_kind(kind: MutationKind, at: &str, cx: &mut Compiler) -> Option<Mutat
         MutationKind::ForEach { query, mutations } => {
             for_each::compile(query, mutations, at, cx).map(Mutation::ForEach)
         }
+        MutationKind::Defaults(value) => defaults::compile(value, at, cx).map(Mutation::Defaults),
+        MutationKind::Remove(spec) => remove::compile(spec, at, cx).map(Mutation::Remove),
     }
 }
 
@@ -86,33 +95,39 @@ fn compile_kind(kind: MutationKind, at: &str, cx: &mut Compiler) -> Option<Mutat
 /// inside `forEach`), counted before compiling, since each gets a share of what the rule's
 /// may use.
 pub(crate) fn count_regexes(m: &api::Mutation) -> usize {
-    let is_rewrite = |kind: &MutationKind| matches!(kind, MutationKind::Rewrite(_));
+    let regexes = |kind: MutationKind| match kind {
+        MutationKind::Rewrite(_) => 1,
+        MutationKind::Remove(r) => r.where_.iter().filter(|c| c.matches.is_some()).count(),
+        _ => 0,
+    };
     let nested: usize = m
         .mutations
         .iter()
         .flatten()
-        .map(|n| n.kinds().filter(is_rewrite).count())
+        .flat_map(|n| n.kinds().map(regexes))
         .sum();
     // Templates are looked for in every string of the mutation, whatever its kind: a string
     // that is not a template value holds none (that is an error of the rule).
     let in_templates = serde_json::to_value(m).map_or(0, |v| template::count_regexes(&v));
-    m.kinds().filter(is_rewrite).count() + nested + in_templates
+    m.kinds().map(regexes).sum::<usize>() + nested + in_templates
 }
 
 impl Mutation {
     /// Applies the mutation at `base` (the object root, or a `forEach` element), recording
-    /// in `journal` what it changes. Templates read the object as it is now (`$`) and the
-    /// element at `base` (`@`). The error says what went wrong, without the rule name.
-    /// `meter` counts what the mutation writes and watches the latency budget.
+    /// in `journal` what it changes. Templates read the object as it is now (`$`), the
+    /// element at `base` (`@`) and the rule's `lookups`, resolved for this object. The error
+    /// says what went wrong, without the rule name. `meter` counts what the mutation writes
+    /// and watches the latency budget.
     pub(crate) fn apply(
         &self,
         doc: &mut Value,
         base: &Pointer,
+        lookups: &[Found],
         journal: &mut Journal,
         meter: &mut Meter,
     ) -> Result<(), Stop> {
         meter.tick()?;
-        self.apply_at(Site::object(doc, base), journal, meter)
+        self.apply_at(Site::object(doc, base, lookups), journal, meter)
     }
 
     fn apply_at(&self, site: Site, journal: &mut Journal, meter: &mut Meter) -> Result<(), Stop> {
@@ -122,6 +137,8 @@ impl Mutation {
             Mutation::Upsert(u) => u.apply(site, journal, meter),
             Mutation::Rewrite(r) => r.apply(site, journal, meter),
             Mutation::ForEach(f) => f.apply(site, journal, meter),
+            Mutation::Defaults(d) => d.apply(site, journal, meter),
+            Mutation::Remove(r) => r.apply(site, journal, meter),
         }
     }
 }
@@ -135,6 +152,8 @@ pub(crate) struct Compiler<'e> {
     regex_limit: usize,
     /// Some template compiled so far renders something (is not literal).
     renders: bool,
+    /// The names of the rule's lookups, which templates may read.
+    lookups: &'e [String],
 }
 
 impl Compiler<'_> {
@@ -146,6 +165,7 @@ impl Compiler<'_> {
             in_for_each: true,
             regex_limit: self.regex_limit,
             renders: false,
+            lookups: self.lookups,
         }
     }
 
@@ -189,11 +209,12 @@ impl Compiler<'_> {
 
     /// A value of the mutation with its templates compiled.
     pub fn template(&mut self, value: &Value, field: &str) -> Option<Template> {
-        let context = template::Context {
-            element_allowed: self.in_for_each,
+        let roots = Roots {
+            element: self.in_for_each,
+            lookups: self.lookups,
             regex_limit: self.regex_limit,
         };
-        match Template::compile(value, &context) {
+        match Template::compile_in(value, &roots) {
             Ok(t) => {
                 self.renders |= t.literal().is_none();
                 Some(t)
@@ -247,6 +268,8 @@ impl Compiler<'_> {
 pub(crate) struct Site<'a> {
     base: &'a Pointer,
     place: Place<'a>,
+    /// The rule's lookups, resolved for this object.
+    lookups: &'a [Found<'a>],
 }
 
 enum Place<'a> {
@@ -266,18 +289,26 @@ pub(crate) enum Rendered<'t> {
 }
 
 impl<'a> Site<'a> {
-    fn object(doc: &'a mut Value, base: &'a Pointer) -> Site<'a> {
+    fn object(doc: &'a mut Value, base: &'a Pointer, lookups: &'a [Found<'a>]) -> Site<'a> {
         Site {
             base,
             place: Place::Object(doc),
+            lookups,
         }
     }
 
+    /// A target looked up already: nothing is rendered there, so no lookup is read.
     fn target_of(target: &'a mut Value, base: &'a Pointer) -> Site<'a> {
         Site {
             base,
             place: Place::Target(target),
+            lookups: &[],
         }
+    }
+
+    /// The rule's lookups, resolved for this object (for a mutation that applies others).
+    fn lookups(&self) -> &'a [Found<'a>] {
+        self.lookups
     }
 
     pub fn base(&self) -> &'a Pointer {
@@ -315,8 +346,26 @@ impl<'a> Site<'a> {
         let scope = Scope {
             object: doc,
             element,
+            lookups: self.lookups,
         };
         Ok(Rendered::Value(template.render(&scope, meter)?))
+    }
+
+    /// The object as it is now (`None` inside a `forEach` that renders nothing) and the value
+    /// the mutation changes, to read before changing it.
+    pub fn peek(&self) -> Result<(Option<&Value>, &Value), Stop> {
+        match &self.place {
+            Place::Target(target) => Ok((None, &**target)),
+            Place::Object(doc) => {
+                let target = self
+                    .base
+                    .get(doc)
+                    .ok_or_else(|| MutationError::TargetGone {
+                        at: self.base.as_str().to_string(),
+                    })?;
+                Ok((Some(&**doc), target))
+            }
+        }
     }
 
     /// The value the mutation changes.
@@ -375,6 +424,8 @@ pub enum MutationError {
     UpsertNoKey { path: String, key: String },
     #[error("upsert {path}: the field is {found}, not a list")]
     UpsertNotList { path: String, found: &'static str },
+    #[error("the field is {found}, not a list")]
+    RemoveNotList { found: &'static str },
     #[error("rewrite {path}: the field is {found}, not a string")]
     RewriteNotString { path: String, found: &'static str },
     /// An RFC 6902 operation failed (its place in the patch is the context).
@@ -405,7 +456,7 @@ mod tests {
     fn compiled(spec: Value) -> Mutation {
         let spec: api::Mutation = serde_json::from_value(spec).unwrap();
         let mut errors = Errors::default();
-        let m = compile(&spec, "spec.mutations[0]", 1 << 20, &mut errors);
+        let m = compile(&spec, "spec.mutations[0]", 1 << 20, &[], &mut errors);
         assert!(errors.errors.is_empty(), "{:?}", errors.errors);
         m.unwrap()
     }
@@ -413,7 +464,13 @@ mod tests {
     fn apply(m: &Mutation, doc: &mut Value) -> Result<(), Stop> {
         let limits = Limits::default();
         let mut meter = Meter::new(&limits, None);
-        m.apply(doc, &Pointer::root(), &mut Journal::default(), &mut meter)
+        m.apply(
+            doc,
+            &Pointer::root(),
+            &[],
+            &mut Journal::default(),
+            &mut meter,
+        )
     }
 
     #[test]
@@ -460,6 +517,70 @@ mod tests {
         );
     }
 
+    fn compile_errors(spec: Value) -> Vec<String> {
+        let spec: api::Mutation = serde_json::from_value(spec).unwrap();
+        let mut errors = Errors::default();
+        let m = compile(&spec, "spec.mutations[0]", 1 << 20, &[], &mut errors);
+        assert!(m.is_none(), "an error means no mutation");
+        errors.errors.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn patches_that_can_never_work_are_refused_at_compile_time() {
+        assert_eq!(
+            compile_errors(json!({"forEach": "$.spec.volumes[*]", "mutations": [
+                {"patch": [{"op": "remove", "path": ""}]}
+            ]})),
+            [
+                "spec.mutations[0].mutations[0].patch[0].path: remove cannot remove the forEach element; point the path at a field inside it"
+            ]
+        );
+        assert_eq!(
+            compile_errors(json!({"patch": [{"op": "remove", "path": ""}]})),
+            [
+                "spec.mutations[0].patch[0].path: remove cannot remove the whole object; point the path at a field inside it"
+            ]
+        );
+        assert_eq!(
+            compile_errors(json!({"patch": [{"op": "move", "from": "/a", "path": "/a/b"}]})),
+            [
+                "spec.mutations[0].patch[0].from: move cannot move \"/a\" into its own child \"/a/b\"; use copy, or another path"
+            ]
+        );
+        assert_eq!(
+            compile_errors(json!({"remove": {"path": "/spec/volumes", "where": [
+                {"path": "$.hostPath", "exists": true},
+                {"path": "@.name", "in": "spec.volumes"},
+                {"path": "@.name", "matches": "a", "exists": true}
+            ]}})),
+            [
+                "spec.mutations[0].remove.where[0].path: \"$.hostPath\" must start with @, the list element (like @.hostPath)",
+                "spec.mutations[0].remove.where[1].in: invalid JSONPath \"spec.volumes\": it must start with '$'",
+                "spec.mutations[0].remove.where[2]: set exactly one of matches, equals, notEquals, exists, in, greaterThan, lessThan (found 2)",
+            ]
+        );
+        assert_eq!(
+            compile_errors(json!({"remove": {"path": "/spec/volumes", "where": []}})),
+            [
+                "spec.mutations[0].remove.where: needs at least one condition (to empty a list, use merge or patch)"
+            ]
+        );
+        assert_eq!(
+            compile_errors(json!({"defaults": {"spec": {"a": null}}})),
+            [
+                "spec.mutations[0].defaults (at /spec/a): a default cannot be null (it would set nothing); to remove a field use merge with null"
+            ]
+        );
+        assert_eq!(
+            compile_errors(json!({"defaults": []})),
+            ["spec.mutations[0].defaults: defaults must be an object, not a list"]
+        );
+        // Replacing the element itself is fine.
+        compiled(json!({"forEach": "$.items[*]", "mutations": [
+            {"patch": [{"op": "replace", "path": "", "value": {"x": 1}}]}
+        ]}));
+    }
+
     #[test]
     fn the_kinds_set_are_counted_with_the_listed_names() {
         let spec: api::Mutation = serde_json::from_value(
@@ -467,10 +588,10 @@ mod tests {
         )
         .unwrap();
         let mut errors = Errors::default();
-        assert!(compile(&spec, "spec.mutations[3]", 1 << 20, &mut errors).is_none());
+        assert!(compile(&spec, "spec.mutations[3]", 1 << 20, &[], &mut errors).is_none());
         assert_eq!(
             errors.errors[0].to_string(),
-            "spec.mutations[3]: set exactly one of merge, patch, upsert, forEach, rewrite (found 2)"
+            "spec.mutations[3]: set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove (found 2)"
         );
         assert_eq!(count_regexes(&spec), 1);
     }

@@ -76,6 +76,36 @@ pub(super) fn compile(ops: &[api::PatchOperation], at: &str, cx: &mut Compiler) 
             }
             (_, None) => None,
         };
+        // What can never work is refused here, not on every object (or element) later.
+        let whole = if cx.in_for_each {
+            "the forEach element"
+        } else {
+            "the whole object"
+        };
+        if let Some(path) = &path
+            && op.op == PatchOp::Remove
+            && path.depth() == 0
+        {
+            cx.push(
+                format!("{at}.path"),
+                format!("remove cannot remove {whole}; point the path at a field inside it"),
+            );
+            continue;
+        }
+        if let (Some(path), Some(from), PatchOp::Move) = (&path, &from, op.op)
+            && from.contains(path)
+            && from.depth() < path.depth()
+        {
+            cx.push(
+                format!("{at}.from"),
+                format!(
+                    "move cannot move {:?} into its own child {:?}; use copy, or another path",
+                    from.as_str(),
+                    path.as_str()
+                ),
+            );
+            continue;
+        }
         if let Some(path) = path {
             let Ok(path_buf) = PointerBuf::parse(path.as_str()) else {
                 cx.push(

@@ -16,6 +16,7 @@ pub(crate) struct Upsert {
     path: Pointer,
     key: String,
     value: Template,
+    position: api::Position,
 }
 
 pub(super) fn compile(spec: &api::Upsert, at: &str, cx: &mut Compiler) -> Option<Upsert> {
@@ -54,6 +55,7 @@ pub(super) fn compile(spec: &api::Upsert, at: &str, cx: &mut Compiler) -> Option
         path: path?,
         key: spec.key.clone(),
         value: value?,
+        position: spec.position,
     })
 }
 
@@ -88,17 +90,18 @@ impl Upsert {
                     .get_or_create(target, || Value::Array(Vec::new()))?
             }
         };
-        upsert(list, &at, &self.key, value, journal)
+        upsert(list, &at, &self.key, value, self.position, journal)
     }
 }
 
-/// Replaces the element of `list` whose `key` equals the value's, or appends the value;
-/// records only what it changes.
+/// Replaces the element of `list` whose `key` equals the value's, or inserts the value at
+/// `position`; records only what it changes.
 fn upsert(
     list: &mut Value,
     at: &Pointer,
     key: &str,
     value: Value,
+    position: api::Position,
     journal: &mut Journal,
 ) -> Result<(), Stop> {
     if list.is_null() {
@@ -120,10 +123,17 @@ fn upsert(
                 items[i] = value;
             }
         }
-        None => {
-            journal.record(at.child(&items.len().to_string()), None);
-            items.push(value);
-        }
+        None => match position {
+            api::Position::Append => {
+                journal.record(at.child(&items.len().to_string()), None);
+                items.push(value);
+            }
+            api::Position::Prepend => {
+                // Every element moves up one: the whole list is what changes.
+                journal.record(at.clone(), Some(&Value::Array(items.clone())));
+                items.insert(0, value);
+            }
+        },
     }
     Ok(())
 }

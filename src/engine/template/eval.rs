@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use super::parse::{Call, Expr, Pick, QueryExpr, Root};
+use super::parse::{Call, Expr, Pick, QueryExpr};
 use super::{Scope, TemplateError};
 use crate::engine::limits::{Meter, Stop};
 use crate::engine::path::type_name;
@@ -97,15 +97,7 @@ impl<'a> Evaluator<'a, '_, '_> {
     }
 
     fn select(&self, q: &QueryExpr) -> Result<Vec<&'a Value>, Stop> {
-        let doc = match q.root {
-            Root::Object => self.scope.object,
-            Root::Element => self
-                .scope
-                .element
-                .ok_or_else(|| TemplateError::ElementGone {
-                    expr: self.source.to_string(),
-                })?,
-        };
+        let (doc, _) = super::root(q.root, self.source, self.scope)?;
         Ok(q.query.select(doc).map_err(|source| TemplateError::Query {
             expr: self.source.to_string(),
             source,

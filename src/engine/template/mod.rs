@@ -1,7 +1,8 @@
 //! `{{ ... }}` templates in mutation values and in the keys of their objects. Between the
 //! braces is one expression ([`parse`]): a JSONPath query — `$` is the object (as the rule
-//! found it), `@` the current `forEach` element — or a call of one of the [`functions`], whose
-//! arguments are expressions again. A template that is the whole string keeps the value's
+//! found it), `@` the current `forEach` element, `lookups.<name>` an object the rule looks up
+//! (`spec.lookups`) — or a call of one of the [`functions`], whose arguments are expressions
+//! again. A template that is the whole string keeps the value's
 //! JSON type; inside a longer string, and in a key, the value must be a scalar.
 //!
 //! Values without templates stay compact literals, and a whole-string query is selected and
@@ -17,6 +18,7 @@ use serde_json::{Map, Value};
 
 use super::limits::{MAX_DEPTH, Meter, RegexError, Size, Stop, measure};
 use super::literal::Lit;
+use super::lookup::Found;
 use super::path::{QueryError, type_name};
 use eval::{Evaluator, Val};
 use functions::Function;
@@ -69,23 +71,41 @@ pub struct Template {
 pub struct Scope<'a> {
     pub object: &'a Value,
     pub element: Option<&'a Value>,
+    /// The rule's lookups, resolved for this object, in `spec.lookups` order.
+    pub lookups: &'a [Found<'a>],
 }
 
-/// What the templates of a value may use where it is compiled.
+/// What the templates of a value may refer to and use where it is, besides `$`.
 #[derive(Clone, Copy, Debug)]
-pub struct Context {
-    /// Inside `forEach`: `@` is the element.
-    pub element_allowed: bool,
+pub struct Roots<'a> {
+    /// `@`: inside `forEach` only.
+    pub element: bool,
+    /// `lookups.<name>`: the names of the rule's lookups, in `spec.lookups` order.
+    pub lookups: &'a [String],
     /// What each regular expression of `replace()` may compile to (the rule's share).
     pub regex_limit: usize,
 }
 
 impl Template {
-    /// Compiles every string in `value`, and every key with a template.
-    pub fn compile(value: &Value, context: &Context) -> Result<Template, MisplacedTemplate> {
+    /// Compiles every string in `value`, with no lookups. `element_allowed` is false outside
+    /// `forEach`. Mutations compile through [`Template::compile_in`].
+    #[cfg(test)]
+    pub fn compile(value: &Value, element_allowed: bool) -> Result<Template, MisplacedTemplate> {
+        let roots = Roots {
+            element: element_allowed,
+            lookups: &[],
+            regex_limit: super::limits::MAX_REGEX_BYTES,
+        };
+        Template::compile_in(value, &roots)
+    }
+
+    /// Compiles every string in `value`, and every key with a template, whose templates may
+    /// refer to `roots`.
+    pub fn compile_in(value: &Value, roots: &Roots) -> Result<Template, MisplacedTemplate> {
         let options = Options {
-            element_allowed: context.element_allowed,
-            regex_limit: Some(context.regex_limit),
+            element_allowed: roots.element,
+            regex_limit: Some(roots.regex_limit),
+            lookups: Some(roots.lookups),
         };
         let mut uses_element = false;
         let node = compile_node(value, "", &options, &mut uses_element)?;
@@ -129,6 +149,7 @@ pub fn count_regexes(value: &Value) -> usize {
     let options = Options {
         element_allowed: true,
         regex_limit: None,
+        lookups: None,
     };
     let count = |s: &str| {
         if !s.contains("{{") {
@@ -358,26 +379,53 @@ fn select_one<'a>(
     source: &str,
     scope: &Scope<'a>,
 ) -> Result<&'a Value, TemplateError> {
-    let doc = match q.root {
-        Root::Object => scope.object,
-        Root::Element => scope.element.ok_or_else(|| TemplateError::ElementGone {
-            expr: source.to_string(),
-        })?,
-    };
+    let (doc, looked_up) = root(q.root, source, scope)?;
     let found = q.query.select(doc).map_err(|error| TemplateError::Query {
         expr: source.to_string(),
         source: error,
     })?;
     match found.as_slice() {
         [one] => Ok(one),
-        [] => Err(TemplateError::SelectedNothing {
-            expr: source.to_string(),
+        [] => Err(match looked_up {
+            None => TemplateError::SelectedNothing {
+                expr: source.to_string(),
+            },
+            Some(found) => TemplateError::LookupSelectedNothing {
+                expr: source.to_string(),
+                object: found.to_string(),
+            },
         }),
         many => Err(TemplateError::SelectedMany {
             expr: source.to_string(),
             count: many.len(),
         }),
     }
+}
+
+/// What a query of `source` starts from, and the lookup when that is one.
+fn root<'a, 's>(
+    root: Root,
+    source: &str,
+    scope: &'s Scope<'a>,
+) -> Result<(&'a Value, Option<&'s Found<'a>>), TemplateError> {
+    Ok(match root {
+        Root::Object => (scope.object, None),
+        Root::Element => {
+            let element = scope.element.ok_or_else(|| TemplateError::ElementGone {
+                expr: source.to_string(),
+            })?;
+            (element, None)
+        }
+        Root::Lookup(i) => {
+            let found = scope
+                .lookups
+                .get(i)
+                .ok_or_else(|| TemplateError::LookupNotResolved {
+                    expr: source.to_string(),
+                })?;
+            (found.value, Some(found))
+        }
+    })
 }
 
 /// A template that does not compile, or that cannot be rendered for this object. `expr` is the
@@ -389,9 +437,26 @@ pub enum TemplateError {
     #[error("template {{{{ {expr} }}}}: @ (the current element) is only available inside forEach")]
     ElementOutsideForEach { expr: String },
     #[error(
-        "template {{{{ {expr} }}}}: a JSONPath must start with $ (the object) or @ (the forEach element); a function is called as name(arguments), like lower($.metadata.name)"
+        "template {{{{ {expr} }}}}: a JSONPath must start with $ (the object), @ (the forEach element) or lookups.<name> (a lookup of the rule); a function is called as name(arguments), like lower($.metadata.name)"
     )]
     NoRoot { expr: String },
+    #[error(
+        "template {{{{ {expr} }}}}: name a lookup of the rule, as in {{{{ lookups.<name>.data.<key> }}}}"
+    )]
+    NoLookupName { expr: String },
+    #[error("template {{{{ {expr} }}}}: the rule has no lookup named {name:?} ({})", known_lookups(.known))]
+    UnknownLookup {
+        expr: String,
+        name: String,
+        known: Vec<String>,
+    },
+    #[error(
+        "template {{{{ {expr} }}}} selected nothing in {object}: add what it selects to {object}, or change the template"
+    )]
+    LookupSelectedNothing { expr: String, object: String },
+    /// A lookup template rendered without its lookup resolved: a bug.
+    #[error("template {{{{ {expr} }}}}: its lookup was not read before the rule ran")]
+    LookupNotResolved { expr: String },
     #[error("template {{{{ {expr} }}}}: {problem}")]
     Syntax { expr: String, problem: String },
     #[error("template {{{{ {expr} }}}}: {source}")]
@@ -460,6 +525,15 @@ pub enum TemplateError {
     DuplicateKey { written: String, key: String },
 }
 
+/// What the rule's lookups are, for the message about an unknown one.
+fn known_lookups(known: &[String]) -> String {
+    if known.is_empty() {
+        "it has no spec.lookups".to_string()
+    } else {
+        format!("spec.lookups has {}", known.join(", "))
+    }
+}
+
 /// A template that does not compile, and where it is in the value: a JSON pointer, empty
 /// for the value itself.
 #[derive(Debug, thiserror::Error)]
@@ -475,15 +549,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn context(element_allowed: bool) -> Context {
-        Context {
-            element_allowed,
-            regex_limit: 1 << 20,
-        }
-    }
-
     fn compile(value: Value, element_allowed: bool) -> Result<Template, MisplacedTemplate> {
-        Template::compile(&value, &context(element_allowed))
+        Template::compile(&value, element_allowed)
     }
 
     /// The compile error's message, with where in the value it is.
@@ -501,7 +568,14 @@ mod tests {
         let mut meter = Meter::new(limits, None);
         compile(value, true)
             .map_err(|e| e.to_string())?
-            .render(&Scope { object, element }, &mut meter)
+            .render(
+                &Scope {
+                    object,
+                    element,
+                    lookups: &[],
+                },
+                &mut meter,
+            )
             .map_err(|e| e.to_string())
     }
 
@@ -967,6 +1041,64 @@ mod tests {
                 "a": "{{ replace($.a, '\\w{1000}', 'x') }}-{{ lower(replace($.b, 'b', 'c')) }}",
                 "{{ replace(@.name, 'x', 'y') }}": ["{{ replace('a', 'b'", "no {{ template", "{{ $.a }}"]})),
             3
+        );
+    }
+
+    #[test]
+    fn lookups_are_an_expression_like_the_others() {
+        use crate::engine::lookup::LookupKind;
+        let config = json!({"data": {"registry": " Mirror.Local ", "ca.crt": "x"}});
+        let lookups = [Found {
+            value: &config,
+            kind: LookupKind::ConfigMap,
+            namespace: "team",
+            name: "registry",
+        }];
+        let names = ["mirror".to_string()];
+        let roots = Roots {
+            element: false,
+            lookups: &names,
+            regex_limit: 1 << 20,
+        };
+        let render = |t: &str| {
+            let limits = crate::engine::Limits::default();
+            let mut meter = Meter::new(&limits, None);
+            let object = json!({});
+            Template::compile_in(&json!(t), &roots)
+                .map_err(|e| e.to_string())?
+                .render(
+                    &Scope {
+                        object: &object,
+                        element: None,
+                        lookups: &lookups,
+                    },
+                    &mut meter,
+                )
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            render("{{ lower(trim(lookups.mirror.data.registry)) }}/app"),
+            Ok(json!("mirror.local/app"))
+        );
+        assert_eq!(
+            render("{{ default(lookups.mirror.data.nope, lookups.mirror.data['ca.crt']) }}"),
+            Ok(json!("x"))
+        );
+        assert_eq!(
+            render("{{ lookups.mirror.data.nope }}"),
+            Err("template {{ lookups.mirror.data.nope }} selected nothing in ConfigMap team/registry: add what it selects to ConfigMap team/registry, or change the template".to_string())
+        );
+        assert!(
+            render("{{ lower(lookups.other.data.x) }}")
+                .unwrap_err()
+                .contains("the rule has no lookup named \"other\" (spec.lookups has mirror)")
+        );
+        // Counting replace() patterns takes any lookup name, so none is missed after one.
+        assert_eq!(
+            count_regexes(&json!(
+                "{{ lookups.any.data.x }}{{ replace($.a, 'b', 'c') }}"
+            )),
+            1
         );
     }
 }

@@ -2,6 +2,8 @@
 //! function's arguments are parsed by calling it again, so a new form is one more arm there.
 //!
 //! - a JSONPath query rooted at `$` (the object) or `@` (the `forEach` element);
+//! - `lookups.<name>...`: a lookup of the rule, the rest a JSONPath continuation with `$`
+//!   the looked-up object;
 //! - a function call `name(arg, ...)`, optionally followed by `.field`, `['field']` or
 //!   `[index]` to pick from its result;
 //! - a literal: `'text'` (`\'` is a quote, `\\` a backslash, and a backslash before anything
@@ -13,6 +15,7 @@ use serde_json::{Number, Value};
 use super::TemplateError;
 use super::functions::Function;
 use crate::engine::limits::{MAX_CALL_NESTING, compile_regex};
+use crate::engine::lookup::is_lookup_name;
 use crate::engine::path::Query;
 
 #[derive(Clone, Debug)]
@@ -26,6 +29,8 @@ pub(super) enum Expr {
 pub(super) enum Root {
     Object,
     Element,
+    /// The rule's lookup at this position of `spec.lookups` (resolved ones, in order).
+    Lookup(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -72,11 +77,17 @@ fn is_identifier(name: &str) -> bool {
 }
 
 /// What the templates of a value may use.
-pub(super) struct Options {
+pub(super) struct Options<'r> {
     pub element_allowed: bool,
     /// What each `replace()` pattern may compile to; `None` only counts the patterns.
     pub regex_limit: Option<usize>,
+    /// The names of the rule's lookups, in `spec.lookups` order; `None` (when only counting)
+    /// takes any name.
+    pub lookups: Option<&'r [String]>,
 }
+
+/// The prefix of a template that reads a looked-up object.
+const LOOKUPS: &str = "lookups";
 
 /// Parses the templates of one string, one at a time ([`Parser::template`]).
 pub(super) struct Parser<'s, 'o> {
@@ -84,7 +95,7 @@ pub(super) struct Parser<'s, 'o> {
     pos: usize,
     /// Where the current template starts (just after its `{{`).
     start: usize,
-    options: &'o Options,
+    options: &'o Options<'o>,
     /// Some template used `@`.
     pub uses_element: bool,
     /// `replace()` calls seen (each compiles a regular expression).
@@ -92,7 +103,7 @@ pub(super) struct Parser<'s, 'o> {
 }
 
 impl<'s, 'o> Parser<'s, 'o> {
-    pub fn new(text: &'s str, options: &'o Options) -> Self {
+    pub fn new(text: &'s str, options: &'o Options<'o>) -> Self {
         Parser {
             text,
             pos: 0,
@@ -134,10 +145,15 @@ impl<'s, 'o> Parser<'s, 'o> {
             Some(b'-' | b'0'..=b'9') => self.number().map(Expr::Literal),
             Some(b'"') => Err(self.syntax("text is written in single quotes: 'text'".into())),
             Some(c) if c.is_ascii_alphabetic() => {
+                let begin = self.pos;
                 let name = self.identifier();
                 self.skip_blank();
                 if self.eat("(") {
                     return self.call(name, depth);
+                }
+                if name == LOOKUPS {
+                    self.pos = begin;
+                    return self.lookup();
                 }
                 match name {
                     "true" => Ok(Expr::Literal(Value::Bool(true))),
@@ -181,6 +197,43 @@ impl<'s, 'o> Parser<'s, 'o> {
         })?;
         Ok(Expr::Query(QueryExpr {
             root,
+            query,
+            text: text.to_string(),
+        }))
+    }
+
+    /// `lookups.<name>` and a JSONPath continuation (`.data.key`), up to where a query ends.
+    fn lookup(&mut self) -> Result<Expr, TemplateError> {
+        let begin = self.pos;
+        let text = self.text[begin..self.query_end()].trim_end();
+        self.pos = begin + text.len();
+        let tail = &text[LOOKUPS.len()..];
+        let named = tail.strip_prefix('.').unwrap_or("");
+        let end = named
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(named.len());
+        let (name, rest) = named.split_at(end);
+        if !is_lookup_name(name) || !(rest.is_empty() || rest.starts_with(['.', '['])) {
+            return Err(TemplateError::NoLookupName {
+                expr: self.source(),
+            });
+        }
+        let position = match self.options.lookups {
+            None => 0,
+            Some(known) => known.iter().position(|l| l == name).ok_or_else(|| {
+                TemplateError::UnknownLookup {
+                    expr: self.source(),
+                    name: name.to_string(),
+                    known: known.to_vec(),
+                }
+            })?,
+        };
+        let query = Query::parse(&format!("${rest}")).map_err(|source| TemplateError::Query {
+            expr: self.source(),
+            source,
+        })?;
+        Ok(Expr::Query(QueryExpr {
+            root: Root::Lookup(position),
             query,
             text: text.to_string(),
         }))

@@ -1,0 +1,120 @@
+//! `remove`: takes away the elements of a list that satisfy every `where` condition (every
+//! `hostPath` volume; the mounts whose name is one of theirs). A missing list is left alone.
+
+use serde_json::Value;
+
+use crate::api;
+use crate::engine::journal::Journal;
+use crate::engine::limits::{Meter, Stop};
+use crate::engine::matching::{Conditions, MatchError};
+use crate::engine::path::{Pointer, type_name};
+
+use super::{Compiler, MutationError, Site};
+
+#[derive(Clone, Debug)]
+pub(crate) struct Remove {
+    path: Pointer,
+    conditions: Conditions,
+}
+
+pub(super) fn compile(spec: &api::Remove, at: &str, cx: &mut Compiler) -> Option<Remove> {
+    let before = cx.error_count();
+    let path = cx.pointer(&spec.path, &format!("{at}.remove.path"));
+    if spec.where_.is_empty() {
+        cx.push(
+            format!("{at}.remove.where"),
+            "needs at least one condition (to empty a list, use merge or patch)",
+        );
+    }
+    let conditions = Conditions::compile_on_elements(
+        &spec.where_,
+        &format!("{at}.remove.where"),
+        cx.regex_limit,
+        cx.errors,
+    );
+    // `in` reads the object as it is when the mutation runs, so a `forEach` must give it.
+    if conditions.reads_object() {
+        cx.renders = true;
+    }
+    if cx.error_count() != before {
+        return None;
+    }
+    Some(Remove {
+        path: path?,
+        conditions,
+    })
+}
+
+impl Remove {
+    pub(super) fn apply(
+        &self,
+        site: Site,
+        journal: &mut Journal,
+        meter: &mut Meter,
+    ) -> Result<(), Stop> {
+        let in_context = |e: Stop| e.context(|| format!("remove {}", self.path.as_str()));
+        let doomed = {
+            let (object, target) = site.peek().map_err(in_context)?;
+            let Some(list) = self.path.get(target) else {
+                return Ok(());
+            };
+            let Value::Array(items) = list else {
+                return Err(in_context(
+                    MutationError::RemoveNotList {
+                        found: type_name(list),
+                    }
+                    .into(),
+                ));
+            };
+            meter
+                .plan_steps(items.len(), self.conditions.len())
+                .map_err(in_context)?;
+            let prepared = self
+                .conditions
+                .prepare(object.unwrap_or(&Value::Null))
+                .map_err(|e| in_context(where_error(e)))?;
+            let mut doomed = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                meter.tick()?;
+                if self
+                    .conditions
+                    .hold_prepared(item, &prepared)
+                    .map_err(|e| in_context(where_error(e)))?
+                {
+                    doomed.push(i);
+                }
+            }
+            doomed
+        };
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        let base = site.base();
+        let target = site.target()?;
+        let Some(Value::Array(items)) = self.path.get_mut(target) else {
+            return Ok(());
+        };
+        journal.record(base.join(&self.path), Some(&Value::Array(items.clone())));
+        let mut index = 0;
+        let mut next = doomed.iter().peekable();
+        items.retain(|_| {
+            let keep = next.peek() != Some(&&index);
+            if !keep {
+                next.next();
+            }
+            index += 1;
+            keep
+        });
+        Ok(())
+    }
+}
+
+/// A `where` condition that could not be evaluated, told by its place in `where`.
+fn where_error(error: MatchError) -> Stop {
+    match error {
+        MatchError::Condition { index, source } => {
+            Stop::from(source).context(|| format!("where[{index}]"))
+        }
+        other => Stop::from(other),
+    }
+}
