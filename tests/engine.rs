@@ -843,6 +843,34 @@ fn a_rule_runs_at_most_once_per_admission_request() {
 }
 
 #[test]
+fn a_key_over_several_values_writes_one_entry_per_value() {
+    // Kyverno's AppArmor policy: an annotation per container, in one rule.
+    let idx = index(vec![cmr(
+        "apparmor",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [{"defaults": {"metadata": {"annotations": {
+            "container.apparmor.security.beta.kubernetes.io/{{ $.spec['containers','initContainers'][*].name }}": "runtime/default",
+            "none.example.com/{{ $.spec.ephemeralContainers[*].name }}": "x"
+        }}}}]}),
+    )]);
+    let mut object = pod("a", "b");
+    object["metadata"]["annotations"] =
+        json!({"container.apparmor.security.beta.kubernetes.io/side": "unconfined"});
+    let out = admit(&idx, &object, Some("a"));
+    assert_eq!(
+        out.object["metadata"]["annotations"],
+        json!({
+            "container.apparmor.security.beta.kubernetes.io/app": "runtime/default",
+            "container.apparmor.security.beta.kubernetes.io/side": "unconfined",
+            "initium.dev/mutated-by": "apparmor"
+        }),
+        "one key per container, what the Pod set kept, and no key where nothing was selected"
+    );
+    let mut patched = object.clone();
+    json_patch::patch(&mut patched, &out.patch()).unwrap();
+    assert_eq!(patched, out.object);
+}
+
+#[test]
 fn upsert_replaces_by_key_and_is_idempotent() {
     let idx = index(vec![cmr(
         "u",

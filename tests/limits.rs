@@ -601,3 +601,24 @@ fn hostile_template_shapes_are_refused_when_the_rule_is_compiled() {
         "the JSON nests more than 100 levels deep (the depth limit)",
     );
 }
+
+#[test]
+fn a_key_expanded_per_container_counts_every_copy_of_its_value() {
+    // 20,000 containers × a 100-byte value: 2 MB of annotations, over the 1 MiB per-rule
+    // output limit; each copy is counted before it is made.
+    let rule = mr(
+        "team",
+        "per-container",
+        json!({"match": {"kinds": ["Pod"]}, "failurePolicy": "Fail", "mutations": [{"merge": {"metadata": {"annotations": {
+            "x.example.com/{{ $.spec.containers[*].name }}": "v".repeat(100)
+        }}}}]}),
+    );
+    let idx = index(vec![rule]);
+    let denial = admit(&idx, &pod(20_000)).expect_err("over the output limit");
+    assert!(
+        denial.message.contains("MutationRule team/per-container")
+            && denial.message.contains("per-rule output limit"),
+        "{}",
+        denial.message
+    );
+}

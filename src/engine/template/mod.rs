@@ -306,30 +306,101 @@ fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, S
         Node::Object(entries) => {
             let mut map = Map::new();
             for (k, n) in entries {
-                let key = match k {
-                    Key::Literal(k) => k.clone(),
-                    Key::Parts { parts, .. } => render_parts(parts, scope, meter)?,
+                let keys = match k {
+                    Key::Literal(k) => vec![k.clone()],
+                    Key::Parts { parts, .. } => render_keys(parts, scope, meter)?,
                 };
-                let value = render_node(n, scope, meter)?;
-                match map.entry(key) {
-                    Entry::Vacant(slot) => {
-                        slot.insert(value);
-                    }
-                    Entry::Occupied(taken) => {
-                        let source = match k {
-                            Key::Literal(k) | Key::Parts { source: k, .. } => k.clone(),
-                        };
-                        return Err(TemplateError::DuplicateKey {
-                            written: source,
-                            key: taken.key().clone(),
+                if keys.is_empty() {
+                    // A key over a query that selected nothing: no entry.
+                    continue;
+                }
+                let mut value = Some(render_node(n, scope, meter)?);
+                if keys.len() > 1
+                    && let Some(v) = &value
+                {
+                    // Each further key writes the value again.
+                    let size = measure(v, meter.remaining(), MAX_DEPTH).bytes;
+                    meter.write(size.saturating_mul(keys.len() - 1))?;
+                }
+                let count = keys.len();
+                for (i, key) in keys.into_iter().enumerate() {
+                    let v = if i + 1 == count {
+                        value.take()
+                    } else {
+                        value.clone()
+                    };
+                    let Some(v) = v else { continue };
+                    match map.entry(key) {
+                        Entry::Vacant(slot) => {
+                            slot.insert(v);
                         }
-                        .into());
+                        Entry::Occupied(taken) => {
+                            let source = match k {
+                                Key::Literal(k) | Key::Parts { source: k, .. } => k.clone(),
+                            };
+                            return Err(TemplateError::DuplicateKey {
+                                written: source,
+                                key: taken.key().clone(),
+                            }
+                            .into());
+                        }
                     }
                 }
             }
             Value::Object(map)
         }
     })
+}
+
+/// The keys a templated key renders to: one, or, when its only template is a query that can
+/// select several values (`[*]`, a filter), one per selected value (none when it selects
+/// none), so that one entry can be written for each container.
+fn render_keys(parts: &[Part], scope: &Scope, meter: &mut Meter) -> Result<Vec<String>, Stop> {
+    let exprs: Vec<&Tmpl> = parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Expr(t) => Some(t),
+            Part::Text(_) => None,
+        })
+        .collect();
+    let [t] = exprs[..] else {
+        return Ok(vec![render_parts(parts, scope, meter)?]);
+    };
+    let Expr::Query(q) = &t.expr else {
+        return Ok(vec![render_parts(parts, scope, meter)?]);
+    };
+    if q.query.is_singular() {
+        return Ok(vec![render_parts(parts, scope, meter)?]);
+    }
+    let (doc, _) = root(q.root, &t.source, scope)?;
+    let found = q.query.select(doc).map_err(|error| TemplateError::Query {
+        expr: t.source.clone(),
+        source: error,
+    })?;
+    let mut keys = Vec::with_capacity(found.len());
+    for value in found {
+        let mut key = String::new();
+        for part in parts {
+            match part {
+                Part::Text(text) => key.push_str(text),
+                Part::Expr(_) => match value {
+                    Value::String(s) => key.push_str(s),
+                    v @ (Value::Number(_) | Value::Bool(_)) => key.push_str(&v.to_string()),
+                    Value::Null => {}
+                    other => {
+                        return Err(TemplateError::NotScalar {
+                            expr: t.source.clone(),
+                            found: type_name(other),
+                        }
+                        .into());
+                    }
+                },
+            }
+        }
+        meter.write(key.len())?;
+        keys.push(key);
+    }
+    Ok(keys)
 }
 
 /// Text and templates rendered into one string: each template's value must be a scalar.
