@@ -67,6 +67,13 @@ fn try_admit(
     index.evaluate(&subject, object.clone(), deadline)
 }
 
+/// The outcome's RFC 6902 patch turns `original` into the outcome's object.
+fn assert_patch_reproduces(original: &Value, out: &Outcome) {
+    let mut patched = original.clone();
+    json_patch::patch(&mut patched, &out.patch()).unwrap();
+    assert_eq!(&patched, &out.object);
+}
+
 fn label(name: &str, value: &str) -> Value {
     json!({"merge": {"metadata": {"labels": {name: value}}}})
 }
@@ -571,9 +578,7 @@ fn mutations_patch_upsert_foreach_rewrite_and_templates() {
         json!([{"name": "app", "image": "mirror/nginx", "env": [{"name": "CONTAINER", "value": "app"}], "securityContext": {"runAsNonRoot": true}}])
     );
     // The patch turns the original into the result.
-    let mut patched = pod("shop", "web");
-    json_patch::patch(&mut patched, &out.patch()).unwrap();
-    assert_eq!(patched, out.object);
+    assert_patch_reproduces(&pod("shop", "web"), &out);
 }
 
 #[test]
@@ -599,9 +604,7 @@ fn an_add_into_a_missing_list_creates_the_list() {
         json!([{"name": "init", "image": "busybox"}, {"name": "second", "image": "busybox"}])
     );
     assert_eq!(out.object["metadata"]["labels"], json!({"team": "a"}));
-    let mut patched = pod("shop", "web");
-    json_patch::patch(&mut patched, &out.patch()).unwrap();
-    assert_eq!(patched, out.object);
+    assert_patch_reproduces(&pod("shop", "web"), &out);
 
     // An index past the end of a list just created is still an error of the rule.
     let idx = index(vec![cmr(
@@ -656,9 +659,7 @@ fn defaults_fill_only_what_is_missing_in_one_mutation() {
         out.object["spec"]["containers"][1]["securityContext"],
         json!({"allowPrivilegeEscalation": false})
     );
-    let mut patched = object.clone();
-    json_patch::patch(&mut patched, &out.patch()).unwrap();
-    assert_eq!(patched, out.object);
+    assert_patch_reproduces(&object, &out);
     let again = admit(&idx, &out.object, Some("a"));
     assert!(
         again.applied.is_empty(),
@@ -708,9 +709,7 @@ fn remove_takes_hostpath_volumes_and_their_mounts_in_one_rule() {
             .is_none(),
         "a missing list stays missing"
     );
-    let mut patched = object.clone();
-    json_patch::patch(&mut patched, &out.patch()).unwrap();
-    assert_eq!(patched, out.object);
+    assert_patch_reproduces(&object, &out);
     assert!(admit(&idx, &out.object, Some("a")).applied.is_empty());
 
     // A where that is not a list is an error naming the mutation.
@@ -750,9 +749,7 @@ fn upsert_prepends_new_elements_and_leaves_replaced_ones_in_place() {
         .collect();
     assert_eq!(names, ["proxy", "app", "side"]);
     assert_eq!(out.object["spec"]["containers"][2]["image"], "busybox:2");
-    let mut patched = pod("a", "b");
-    json_patch::patch(&mut patched, &out.patch()).unwrap();
-    assert_eq!(patched, out.object);
+    assert_patch_reproduces(&pod("a", "b"), &out);
     assert!(admit(&idx, &out.object, Some("a")).applied.is_empty());
 }
 
@@ -865,9 +862,7 @@ fn a_key_over_several_values_writes_one_entry_per_value() {
         }),
         "one key per container, what the Pod set kept, and no key where nothing was selected"
     );
-    let mut patched = object.clone();
-    json_patch::patch(&mut patched, &out.patch()).unwrap();
-    assert_eq!(patched, out.object);
+    assert_patch_reproduces(&object, &out);
 }
 
 #[test]

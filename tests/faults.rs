@@ -26,7 +26,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -1348,22 +1348,9 @@ fn patch_of(response: &Value) -> Vec<Value> {
 
 /// Creates `object` (kubectl, so any kind), returning what was stored, or the error.
 fn kubectl_create(object: &Value) -> Result<Value, String> {
-    use std::io::Write;
-    let mut child = plane()
-        .kubectl()
-        .args(["create", "-o", "json", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    let out = plane()
+        .kubectl_stdin(&["create", "-o", "json", "-f", "-"], &object.to_string())
         .expect("kubectl runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(object.to_string().as_bytes())
-        .expect("write the object");
-    let out = child.wait_with_output().expect("kubectl finishes");
     if out.status.success() {
         Ok(serde_json::from_slice(&out.stdout).expect("JSON"))
     } else {

@@ -8,77 +8,24 @@
 
 mod support;
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use support::process::{Initium, InitiumOptions};
+use support::serving::Serving;
 use support::{Plane, eventually, install_crds, namespace, serial, unique};
 
 /// Generous on a loaded 2-core machine.
 const WAIT: Duration = Duration::from_secs(60);
 
-/// `initium serve` with webhook configurations and a Lease of its own name; stopped and its
-/// configurations deleted when dropped (a dead Fail webhook would block what comes next).
-struct Serving {
-    initium: Initium,
-    name: String,
-}
-
-impl Serving {
-    fn start() -> Serving {
-        let name = unique("initium-lookups");
-        let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.log"));
-        let options = InitiumOptions {
-            namespace: name.clone(),
-            extra: ["--webhook-name", &name, "--lease-name", &name]
-                .map(String::from)
-                .to_vec(),
-            cpus: None,
-            log,
-        };
-        let initium = Initium::start(Plane::shared(), options).unwrap_or_else(|e| panic!("{e:#}"));
-        Serving { initium, name }
-    }
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        self.initium.kill();
-        for kind in [
-            "mutatingwebhookconfiguration",
-            "validatingwebhookconfiguration",
-        ] {
-            let _ = support::kubectl()
-                .args(["delete", kind, &self.name, "--ignore-not-found"])
-                .output();
-        }
-        eprintln!("initium's log: {}", self.initium.log.display());
-    }
-}
-
 /// `kubectl <args> -f -` with `yaml`: (succeeded, stdout, stderr).
 fn kubectl_with(args: &[&str], yaml: &str) -> (bool, String, String) {
-    let mut child = support::kubectl()
-        .args(args)
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(yaml.as_bytes())
-        .expect("write stdin");
-    let out = child.wait_with_output().expect("kubectl finishes");
+    let args: Vec<&str> = args.iter().copied().chain(["-f", "-"]).collect();
+    let out = Plane::shared()
+        .kubectl_stdin(&args, yaml)
+        .unwrap_or_else(|e| panic!("{e:#}"));
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -198,7 +145,7 @@ async fn pods_get_the_value_of_the_config_map_as_it_is_now() {
     install_crds();
     let client = support::client().await;
     let ns = namespace(&client, "lookups").await;
-    let serving = Serving::start();
+    let serving = Serving::start_on(Plane::shared(), &[]);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
 
@@ -261,7 +208,7 @@ async fn a_cluster_rule_reads_the_config_map_of_each_pods_namespace() {
     let client = support::client().await;
     let a = namespace(&client, "lookups-a").await;
     let b = namespace(&client, "lookups-b").await;
-    let serving = Serving::start();
+    let serving = Serving::start_on(Plane::shared(), &[]);
     for (ns, team) in [(&a, "alpha"), (&b, "beta")] {
         let info: ConfigMap = serde_json::from_value(json!({
             "metadata": {"name": "team-info"}, "data": {"team": team},

@@ -8,7 +8,6 @@
 
 mod support;
 
-use std::io::Write;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,20 +21,9 @@ fn kubectl(args: &[&str]) -> Output {
 }
 
 fn kubectl_stdin(args: &[&str], input: &str) -> Output {
-    let mut child = support::kubectl()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input.as_bytes())
-        .expect("write stdin");
-    child.wait_with_output().expect("kubectl finishes")
+    support::Plane::shared()
+        .kubectl_stdin(args, input)
+        .expect("kubectl runs")
 }
 
 fn ok(out: Output, what: &str) -> String {

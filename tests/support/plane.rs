@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
@@ -179,11 +179,11 @@ impl Plane {
         command
     }
 
-    /// `kubectl apply --server-side -f -` with `yaml` on stdin.
-    pub fn apply(&self, yaml: &str) -> Result<()> {
+    /// `kubectl <args>` with `input` on its stdin; what it printed and how it ended.
+    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Result<Output> {
         let mut child = self
             .kubectl()
-            .args(["apply", "--server-side", "--force-conflicts", "-f", "-"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -193,8 +193,16 @@ impl Plane {
             .stdin
             .take()
             .context("kubectl has no stdin")?
-            .write_all(yaml.as_bytes())?;
-        let output = child.wait_with_output()?;
+            .write_all(input.as_bytes())?;
+        Ok(child.wait_with_output()?)
+    }
+
+    /// `kubectl apply --server-side -f -` with `yaml` on stdin.
+    pub fn apply(&self, yaml: &str) -> Result<()> {
+        let output = self.kubectl_stdin(
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            yaml,
+        )?;
         if !output.status.success() {
             bail!(
                 "kubectl apply failed: {}\n--- input\n{yaml}",

@@ -1,6 +1,6 @@
-//! `initium serve` beside the whole cluster of [`super::workloads`], with webhook
-//! configurations and a Lease of its own name (so a test binary's tests do not meet each
-//! other's), and rules applied and waited for until Ready.
+//! `initium serve` beside a control plane (the whole cluster of [`super::workloads`] unless
+//! told otherwise), with webhook configurations and a Lease of its own name (so a test
+//! binary's tests do not meet each other's), and rules applied and waited for until Ready.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,6 +10,7 @@ use kube::api::Api;
 
 use initium::api::MutationRule;
 
+use super::plane::Plane;
 use super::process::{Initium, InitiumOptions};
 use super::unique;
 use super::wait::eventually;
@@ -23,6 +24,7 @@ pub struct Serving {
     pub initium: Initium,
     pub name: String,
     log: PathBuf,
+    plane: &'static Plane,
 }
 
 impl Serving {
@@ -32,18 +34,28 @@ impl Serving {
 
     /// [`Serving::start`] with more `initium serve` flags.
     pub fn start_with(extra: &[&str]) -> Serving {
+        Serving::start_on(cluster(), extra)
+    }
+
+    /// [`Serving::start_with`] beside `plane` (e.g. the bare API server, [`Plane::shared`]).
+    pub fn start_on(plane: &'static Plane, extra: &[&str]) -> Serving {
         let name = unique("initium-cluster");
         let log = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.log"));
-        let initium = Initium::start(cluster(), Serving::options(&name, &log, extra))
+        let initium = Initium::start(plane, Serving::options(&name, &log, extra))
             .unwrap_or_else(|e| panic!("{e:#}"));
-        Serving { initium, name, log }
+        Serving {
+            initium,
+            name,
+            log,
+            plane,
+        }
     }
 
     /// A second replica of the same deployment: the same namespace, webhook configurations
     /// and Lease, its own ports and log.
     pub fn replica(&self, extra: &[&str]) -> Initium {
         let log = self.log.with_extension("replica.log");
-        Initium::start(cluster(), Serving::options(&self.name, &log, extra))
+        Initium::start(self.plane, Serving::options(&self.name, &log, extra))
             .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
@@ -71,7 +83,7 @@ impl Serving {
         let (webhook, ops): (SocketAddr, SocketAddr) = (self.initium.webhook, self.initium.ops);
         let options = Serving::options(&self.name, &self.log, &[]);
         self.initium =
-            Initium::spawn(cluster(), &options, webhook, ops).unwrap_or_else(|e| panic!("{e:#}"));
+            Initium::spawn(self.plane, &options, webhook, ops).unwrap_or_else(|e| panic!("{e:#}"));
         self.initium
             .wait_ready(Duration::from_secs(180))
             .unwrap_or_else(|e| panic!("{e:#}"));
@@ -85,7 +97,8 @@ impl Drop for Serving {
             "mutatingwebhookconfiguration",
             "validatingwebhookconfiguration",
         ] {
-            let _ = cluster()
+            let _ = self
+                .plane
                 .kubectl()
                 .args(["delete", kind, &self.name, "--ignore-not-found"])
                 .output();

@@ -383,18 +383,7 @@ fn render_keys(parts: &[Part], scope: &Scope, meter: &mut Meter) -> Result<Vec<S
         for part in parts {
             match part {
                 Part::Text(text) => key.push_str(text),
-                Part::Expr(_) => match value {
-                    Value::String(s) => key.push_str(s),
-                    v @ (Value::Number(_) | Value::Bool(_)) => key.push_str(&v.to_string()),
-                    Value::Null => {}
-                    other => {
-                        return Err(TemplateError::NotScalar {
-                            expr: t.source.clone(),
-                            found: type_name(other),
-                        }
-                        .into());
-                    }
-                },
+                Part::Expr(_) => push_scalar(&mut key, value, &t.source)?,
             }
         }
         meter.write(key.len())?;
@@ -423,25 +412,28 @@ fn render_parts(parts: &[Part], scope: &Scope, meter: &mut Meter) -> Result<Stri
             }
             .value(expr)?,
         };
-        match value.get() {
-            Value::String(s) => {
-                if let Val::Ref(_) = value {
-                    meter.write(s.len())?;
-                }
-                out.push_str(s)
-            }
-            v @ (Value::Number(_) | Value::Bool(_)) => out.push_str(&v.to_string()),
-            Value::Null => {}
-            other => {
-                return Err(TemplateError::NotScalar {
-                    expr: t.source.clone(),
-                    found: type_name(other),
-                }
-                .into());
-            }
+        if let (Value::String(s), Val::Ref(_)) = (value.get(), &value) {
+            meter.write(s.len())?;
         }
+        push_scalar(&mut out, value.get(), &t.source)?;
     }
     Ok(out)
+}
+
+/// Writes a template's value into a longer string: a scalar as its text, `null` as nothing.
+fn push_scalar(out: &mut String, value: &Value, source: &str) -> Result<(), TemplateError> {
+    match value {
+        Value::String(s) => out.push_str(s),
+        v @ (Value::Number(_) | Value::Bool(_)) => out.push_str(&v.to_string()),
+        Value::Null => {}
+        other => {
+            return Err(TemplateError::NotScalar {
+                expr: source.to_string(),
+                found: type_name(other),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The one value a whole-template query selects.
