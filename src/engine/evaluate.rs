@@ -121,7 +121,7 @@ impl RuleIndex {
         let ran_before = ran_in_this_request(&doc, subject.ran_before);
 
         for (i, rule) in candidates.into_iter().enumerate() {
-            if !ran_before.is_empty() && ran_before.contains(&rule.id.to_string()) {
+            if ran_before.iter().any(|listed| rule.id.is_written(listed)) {
                 continue;
             }
             // The clock is read before every DEADLINE_STRIDE-th candidate: reading it costs more

@@ -53,6 +53,18 @@ impl RuleId {
         }
     }
 
+    /// True when `text` names this rule as `initium.dev/mutated-by` does (its `Display`),
+    /// compared without building the text.
+    pub fn is_written(&self, text: &str) -> bool {
+        match &self.namespace {
+            Some(ns) => text
+                .strip_prefix(&**ns)
+                .and_then(|rest| rest.strip_prefix('/'))
+                .is_some_and(|name| name == &*self.name),
+            None => text == &*self.name,
+        }
+    }
+
     /// `MutationRule payments/test-certs`.
     pub fn describe(&self) -> String {
         format!("{} {}", self.kind(), self)
@@ -517,4 +529,24 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
 #[error("invalid duration {text:?}: use a number with a unit, like 30s, 10m or 1h30m")]
 pub struct DurationError {
     text: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RuleId;
+
+    #[test]
+    fn a_rule_is_recognised_as_provenance_writes_it() {
+        let namespaced = RuleId::namespaced("payments", "certs");
+        assert!(namespaced.is_written("payments/certs"));
+        assert!(!namespaced.is_written("certs"));
+        assert!(!namespaced.is_written("payments/certs2"));
+        assert!(!namespaced.is_written("paymentscerts"));
+        let cluster = RuleId::cluster("certs");
+        assert!(cluster.is_written("certs"));
+        assert!(!cluster.is_written("payments/certs"));
+        for id in [namespaced, cluster] {
+            assert!(id.is_written(&id.to_string()));
+        }
+    }
 }
