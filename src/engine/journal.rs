@@ -68,11 +68,16 @@ impl Journal {
     /// Records the prior value at `pointer`, which the caller has looked up and is about to
     /// change (`None`: absent, its parent an object, or the next index of a list).
     pub fn record(&mut self, pointer: Pointer, prior: Option<&Value>) {
+        self.record_with(pointer, || prior.cloned());
+    }
+
+    /// [`Journal::record`] for a caller that builds the prior value (only when it is needed).
+    pub fn record_with(&mut self, pointer: Pointer, prior: impl FnOnce() -> Option<Value>) {
         if self.index.covers(&self.entries, &pointer) {
             return;
         }
         self.index.insert(&self.entries, &pointer);
-        self.entries.push((pointer, prior.cloned()));
+        self.entries.push((pointer, prior()));
     }
 
     /// True when some touched part differs from what it was.

@@ -62,14 +62,14 @@ impl Defaults {
         let base = site.base();
         let target = site.target()?;
         count_write(meter, &self.value, value.rendered(), base.depth())?;
-        fill(target, base, &value.into_value(), journal);
+        fill(target, base, value.into_value(), journal);
         Ok(())
     }
 }
 
 /// Sets each field of `defaults` that `target` (the value at `at`) lacks, going deeper where
 /// both are objects; records what it adds.
-fn fill(target: &mut Value, at: &Pointer, defaults: &Value, journal: &mut Journal) {
+fn fill(target: &mut Value, at: &Pointer, defaults: Value, journal: &mut Journal) {
     let Value::Object(wanted) = defaults else {
         return;
     };
@@ -82,16 +82,15 @@ fn fill(target: &mut Value, at: &Pointer, defaults: &Value, journal: &mut Journa
         return;
     };
     for (key, value) in wanted {
-        match have.get_mut(key) {
+        match have.get_mut(&key) {
             Some(current) if !current.is_null() => {
                 if value.is_object() && current.is_object() {
-                    fill(current, &at.child(key), value, journal);
+                    fill(current, &at.child(&key), value, journal);
                 }
             }
             current => {
-                let at = at.child(key);
-                journal.record(at, current.as_deref());
-                have.insert(key.clone(), value.clone());
+                journal.record(at.child(&key), current.as_deref());
+                have.insert(key, value);
             }
         }
     }
@@ -113,7 +112,7 @@ mod tests {
                                                   "seccompProfile": {"type": "RuntimeDefault"}},
                               "ports": [], "name": "x"});
         let mut journal = Journal::default();
-        fill(&mut doc, &Pointer::root(), &defaults, &mut journal);
+        fill(&mut doc, &Pointer::root(), defaults.clone(), &mut journal);
         assert_eq!(
             doc,
             json!({"securityContext": {"runAsNonRoot": false, "capabilities": ["x"], "runAsUser": 1000,
@@ -122,7 +121,7 @@ mod tests {
         );
         let before = doc.clone();
         let mut again = Journal::default();
-        fill(&mut doc, &Pointer::root(), &defaults, &mut again);
+        fill(&mut doc, &Pointer::root(), defaults, &mut again);
         assert_eq!(doc, before, "applying defaults twice changes nothing");
         assert!(!again.changed(&doc));
     }

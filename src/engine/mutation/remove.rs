@@ -73,20 +73,18 @@ impl Remove {
                 .conditions
                 .prepare(object.unwrap_or(&Value::Null))
                 .map_err(|e| in_context(where_error(e)))?;
-            let mut doomed = Vec::new();
-            for (i, item) in items.iter().enumerate() {
+            let mut doomed = Vec::with_capacity(items.len());
+            for item in items {
                 meter.tick()?;
-                if self
-                    .conditions
-                    .hold_prepared(item, &prepared)
-                    .map_err(|e| in_context(where_error(e)))?
-                {
-                    doomed.push(i);
-                }
+                doomed.push(
+                    self.conditions
+                        .hold_prepared(item, &prepared)
+                        .map_err(|e| in_context(where_error(e)))?,
+                );
             }
             doomed
         };
-        if doomed.is_empty() {
+        if !doomed.contains(&true) {
             return Ok(());
         }
         let base = site.base();
@@ -94,17 +92,9 @@ impl Remove {
         let Some(Value::Array(items)) = self.path.get_mut(target) else {
             return Ok(());
         };
-        journal.record(base.join(&self.path), Some(&Value::Array(items.clone())));
-        let mut index = 0;
-        let mut next = doomed.iter().peekable();
-        items.retain(|_| {
-            let keep = next.peek() != Some(&&index);
-            if !keep {
-                next.next();
-            }
-            index += 1;
-            keep
-        });
+        journal.record_with(base.join(&self.path), || Some(Value::Array(items.clone())));
+        let mut doomed = doomed.into_iter();
+        items.retain(|_| !doomed.next().unwrap_or(false));
         Ok(())
     }
 }

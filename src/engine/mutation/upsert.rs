@@ -130,7 +130,7 @@ fn upsert(
             }
             api::Position::Prepend => {
                 // Every element moves up one: the whole list is what changes.
-                journal.record(at.clone(), Some(&Value::Array(items.clone())));
+                journal.record_with(at.clone(), || Some(Value::Array(items.clone())));
                 items.insert(0, value);
             }
         },
