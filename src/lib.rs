@@ -11,6 +11,7 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod engine;
+pub mod kube_errors;
 pub mod metrics;
 pub mod ops;
 pub mod serve;
@@ -140,13 +141,24 @@ pub fn escape_controls(text: &str) -> String {
 /// and logs. A cause whose text the line already holds (an error that quotes its source) is
 /// not repeated.
 pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
+    // A kube client or watch error is a sentence of its own (kube's `Display` is a `Debug`
+    // dump of the API server's Status) and ends the chain: its causes are in the sentence.
+    if let Some(text) = kube_errors::sentence(error) {
+        return text;
+    }
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        let line = cause.to_string();
+        let (line, last) = match kube_errors::sentence(cause) {
+            Some(sentence) => (sentence, true),
+            None => (cause.to_string(), false),
+        };
         if !line.is_empty() && !text.contains(&line) {
             text.push_str(": ");
             text.push_str(&line);
+        }
+        if last {
+            break;
         }
         source = cause.source();
     }

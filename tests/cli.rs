@@ -270,11 +270,14 @@ fn check_reports_every_invalid_rule_with_its_field_path() {
         format!(
             "ClusterMutationRule bad-gate {f}#12): spec.gate.waitFor[0]: set exactly one of service, job, pods, object, daemonSet (found 2)"
         ),
+        format!(
+            "MutationRule unquoted-namespace {f}#14): metadata.namespace: must be a string, found false (in YAML, quote values such as y, no or 1)"
+        ),
     ];
     let lines: Vec<&str> = stderr.lines().skip(1).collect();
     assert_eq!(
         stderr.lines().next(),
-        Some("error: 20 error(s) in 12 rule(s):")
+        Some("error: 21 error(s) in 13 rule(s):")
     );
     assert_eq!(lines, want.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(!stderr.contains(" good "), "the valid rule is not reported");

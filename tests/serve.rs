@@ -278,6 +278,167 @@ fn mounts(pod: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Runs `initium serve` with `kubeconfig` (the out-of-cluster command of
+/// docs/operations.md) and expects it to stop at once: its exit status and standard error.
+fn serve_fails(kubeconfig: &std::path::Path, namespace: &str) -> String {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_initium"))
+        .args([
+            "serve",
+            "--listen",
+            &listen,
+            "--webhook-url",
+            &format!("https://{listen}"),
+            "--ops-listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--namespace",
+            namespace,
+            "--log-format",
+            "text",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("initium serve starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("initium serve kept running with a kubeconfig it cannot use");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().expect("stderr");
+    assert!(!out.status.success(), "initium serve exited with success");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let last = stderr.lines().last().unwrap_or_default().to_string();
+    assert!(last.starts_with("error: "), "{stderr}");
+    for dump in ["Status {", "ApiError", "Some(", "ListMeta"] {
+        assert!(!last.contains(dump), "a Debug dump in: {last}");
+    }
+    last
+}
+
+/// The kubeconfig of the shared plane, edited by `edit` (one YAML line after another).
+fn kubeconfig_variant(name: &str, edit: impl Fn(&str) -> String) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(support::kubeconfig_path()).expect("kubeconfig");
+    let edited: Vec<String> = text.lines().map(edit).collect();
+    let path = std::env::temp_dir().join(format!("{}.kubeconfig", unique(name)));
+    std::fs::write(&path, edited.join("\n") + "\n").expect("write kubeconfig");
+    path
+}
+
+#[test]
+fn the_documented_first_run_creates_initiums_namespace_and_becomes_ready() {
+    let _serial = serial_blocking();
+    install_crds();
+    clean_cluster();
+    // docs/operations.md: apply the CRDs, then `initium serve ... --namespace initium-dev`
+    // on a cluster where that namespace does not exist.
+    let own = unique("initium-dev");
+    assert!(
+        !kubectl(&["get", "namespace", &own]).status.success(),
+        "the namespace must not exist before the first run"
+    );
+    let initium = Initium::start(&unique("first-run"), &own, &["--log-format", "text"]);
+    assert_eq!(initium.ops("/readyz").0, 200);
+    let created = json(ok(
+        kubectl(&["get", "namespace", &own, "-o", "json"]),
+        "get namespace",
+    ));
+    assert_eq!(
+        created["metadata"]["labels"]["app.kubernetes.io/created-by"], "initium",
+        "{created}"
+    );
+    // What the namespace is for: the TLS Secret and the Lease.
+    ok(
+        kubectl(&["get", "secret", "initium-tls", "-n", &own]),
+        "the TLS Secret in the new namespace",
+    );
+    eventually_blocking(
+        "the Lease in the new namespace",
+        Duration::from_secs(30),
+        || {
+            is(
+                kubectl(&["get", "lease", &initium.webhook_name, "-n", &own])
+                    .status
+                    .success(),
+                true,
+            )
+        },
+    );
+}
+
+#[test]
+fn a_kubeconfig_that_cannot_work_stops_serve_with_a_sentence_that_says_what_to_do() {
+    let _serial = serial_blocking();
+    install_crds();
+    let missing = std::env::temp_dir()
+        .join(unique("no-such"))
+        .join("kubeconfig");
+    let line = serve_fails(&missing, "initium-dev");
+    assert!(line.contains("KUBECONFIG names"), "{line}");
+    assert!(line.contains("does not exist"), "{line}");
+
+    // An API server that is not there: port 1 of 127.0.0.1 refuses connections.
+    let dead = kubeconfig_variant("dead", |l| {
+        if l.trim_start().starts_with("server:") {
+            "    server: https://127.0.0.1:1".into()
+        } else {
+            l.into()
+        }
+    });
+    let line = serve_fails(&dead, "initium-dev");
+    assert!(line.contains("cannot reach the API server"), "{line}");
+    assert!(line.contains("points at it"), "{line}");
+
+    // A user who may read Namespaces but not create one (impersonated service account), and
+    // a namespace that does not exist: the sentence gives the kubectl command to run.
+    let home = namespace("first-run-rbac");
+    ok(
+        kubectl(&["create", "serviceaccount", "reader", "-n", &home]),
+        "create serviceaccount",
+    );
+    let role = unique("namespace-reader");
+    ok(
+        kubectl(&[
+            "create",
+            "clusterrole",
+            &role,
+            "--verb=get,list,watch",
+            "--resource=namespaces",
+        ]),
+        "create clusterrole",
+    );
+    ok(
+        kubectl(&[
+            "create",
+            "clusterrolebinding",
+            &role,
+            &format!("--clusterrole={role}"),
+            &format!("--serviceaccount={home}:reader"),
+        ]),
+        "create clusterrolebinding",
+    );
+    let reader = kubeconfig_variant("reader", |l| {
+        if l.trim_start().starts_with("client-key-data:") {
+            format!("{l}\n    as: system:serviceaccount:{home}:reader")
+        } else {
+            l.into()
+        }
+    });
+    let absent = unique("initium-absent");
+    let line = serve_fails(&reader, &absent);
+    assert!(
+        line.contains(&format!("kubectl create namespace {absent}")),
+        "{line}"
+    );
+    assert!(line.contains("may not create it"), "{line}");
+    let _ = kubectl(&["delete", "clusterrolebinding,clusterrole", &role]);
+    let _ = kubectl(&["delete", "namespace", &home, "--wait=false"]);
+}
+
 #[test]
 fn a_namespace_rule_mutates_its_pods_and_follows_updates_and_deletion() {
     let _serial = serial_blocking();

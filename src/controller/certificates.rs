@@ -61,7 +61,7 @@ impl Duty for Certificates {
             match self.refresh().await {
                 Ok(()) => backoff.succeeded(),
                 Err(e) => {
-                    backoff.failed(failed, &e);
+                    backoff.failed(failed, &crate::report(&e));
                 }
             }
         }

@@ -183,7 +183,7 @@ pub async fn discover(client: &Client) -> Result<Served, kube::Error> {
         Ok(served) if served.resources.iter().any(|r| r.gvk.group.is_empty()) => Ok(served),
         Ok(_) => legacy(client).await,
         Err(e) => {
-            tracing::debug!(error = %e, "aggregated discovery failed; reading group by group");
+            tracing::debug!(error = %crate::report(&e), "aggregated discovery failed; reading group by group");
             legacy(client).await
         }
     }
@@ -301,7 +301,7 @@ impl Duty for Discovery {
                     }
                     Some(Ok(_)) => {}
                     // The watch retries with its own backoff.
-                    Some(Err(e)) => context.failed("watching CustomResourceDefinitions failed; retrying", &e),
+                    Some(Err(e)) => context.failed("watching CustomResourceDefinitions failed; retrying", &crate::report(&e)),
                     None => return Ok(()),
                 },
                 () = tokio::time::sleep_until(next) => {
@@ -320,7 +320,7 @@ impl Duty for Discovery {
                                 true
                             });
                         }
-                        Err(e) => soon.push(now + backoff.failed("discovery failed", &e)),
+                        Err(e) => soon.push(now + backoff.failed("discovery failed", &crate::report(&e))),
                     }
                 }
             }

@@ -98,7 +98,12 @@ impl Backoff {
         self.consecutive = self.consecutive.saturating_add(1);
         let wait = self.delay();
         self.failures.count();
-        tracing::warn!(duty = self.failures.duty, error = %error, retry_in = ?wait, "{what}");
+        tracing::warn!(
+            duty = self.failures.duty,
+            error = %error,
+            retry_in = ?wait,
+            "{what}"
+        );
         wait
     }
 
@@ -192,7 +197,7 @@ impl<'m> Supervisor<'m> {
         while let Some(ended) = self.duties.join_next_with_id().await {
             let (id, error) = match ended {
                 Ok((_, Ok(()))) => continue,
-                Ok((id, Err(e))) => (id, e.to_string()),
+                Ok((id, Err(e))) => (id, crate::report(&e)),
                 Err(e) => (e.id(), e.to_string()),
             };
             tracing::warn!(duty = self.name(id), %error, "controller duty failed while stopping");
@@ -240,7 +245,7 @@ async fn supervise<D: Duty>(
                 source: Box::new(error),
             });
         }
-        let wait = backoff.failed("the duty failed; restarting it", &error);
+        let wait = backoff.failed("the duty failed; restarting it", &crate::report(&error));
         restarts.inc();
         if stop.sleep(wait).await {
             return Ok(());
@@ -422,7 +427,7 @@ mod tests {
             .await
             .expect_err("the duty cannot go on");
         assert_eq!(
-            error.to_string(),
+            crate::report(&error),
             format!(
                 "the flaky duty failed {MAX_CONSECUTIVE_FAILURES} times in a row and restarts did \
                  not help (check that the API server is reachable and that initium's RBAC allows \

@@ -168,7 +168,7 @@ impl Duty for Lease {
                         () = context.stop.wait() => {
                             let was_leading = self.set_leading(false);
                             if let Err(e) = manager.release().await {
-                                tracing::warn!(%lease, error = %e, "releasing the Lease failed; it expires by itself");
+                                tracing::warn!(%lease, error = %crate::report(&e), "releasing the Lease failed; it expires by itself");
                             } else if was_leading {
                                 tracing::info!(%lease, %identity, "released the Lease");
                             }
@@ -189,7 +189,7 @@ impl Duty for Lease {
                                 self.set_leading(false);
                                 break backoff.failed(
                                     "leader election failed; not leading until it works again",
-                                    &format_args!("{lease}: {e}"),
+                                    &format_args!("{lease}: {}", crate::report(&e)),
                                 );
                             }
                         }
@@ -199,7 +199,7 @@ impl Duty for Lease {
                     self.set_leading(false);
                     backoff.failed(
                         "cannot set up the leader election",
-                        &format_args!("{lease}: {e}"),
+                        &format_args!("{lease}: {}", crate::report(&e)),
                     )
                 }
             };

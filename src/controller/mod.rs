@@ -210,7 +210,7 @@ pub enum ControllerError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// A call to the API server failed.
-    #[error("{action} {object}: {source}")]
+    #[error("cannot {action} {object}")]
     Api {
         /// What initium tried, e.g. `apply MutatingWebhookConfiguration`.
         action: &'static str,
@@ -229,7 +229,7 @@ pub enum ControllerError {
     #[error(
         "the {duty} duty failed {failures} times in a row and restarts did not help (check that \
          the API server is reachable and that initium's RBAC allows what the duty does); the \
-         last failure: {source}"
+         last failure"
     )]
     Duty {
         duty: &'static str,

@@ -470,7 +470,7 @@ fn watch_failed(context: &Context, input: &Input) {
             Scope::Cluster => "watching ClusterMutationRules failed; retrying with backoff",
             Scope::Namespaced => "watching MutationRules failed; retrying with backoff",
         };
-        context.failed(what, e);
+        context.failed(what, &crate::report(e));
     }
 }
 

@@ -230,7 +230,7 @@ impl Duty for Status {
                     }
                     Err(e) => {
                         failed += 1;
-                        tracing::warn!(rule = %view.id.describe(), error = %e, "writing the rule status failed");
+                        tracing::warn!(rule = %view.id.describe(), error = %crate::report(&e), "writing the rule status failed");
                     }
                 }
             }

@@ -628,7 +628,10 @@ impl Duty for Webhooks {
                     }
                 }
                 Err(e) => {
-                    wait = backoff.failed("updating the webhook configurations failed", &e);
+                    wait = backoff.failed(
+                        "updating the webhook configurations failed",
+                        &crate::report(&e),
+                    );
                 }
             }
         }

@@ -44,6 +44,19 @@ pub fn parse_rule(doc: &Value, default_namespace: &str) -> Result<RuleSource, Ru
         rule: describe.clone(),
         errors: vec![FieldError::new(field, message)],
     };
+    for field in ["name", "namespace"] {
+        if let Some(value) = doc.pointer(&format!("/metadata/{field}"))
+            && !value.is_string()
+            && !value.is_null()
+        {
+            return Err(fail(
+                &format!("metadata.{field}"),
+                format!(
+                    "must be a string, found {value} (in YAML, quote values such as y, no or 1)"
+                ),
+            ));
+        }
+    }
     let id = match kind {
         "MutationRule" => RuleId::namespaced(namespace.unwrap_or(default_namespace), name),
         "ClusterMutationRule" => {

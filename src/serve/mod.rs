@@ -24,14 +24,101 @@ use crate::{Error, admission, ops};
 /// initium's requests apart.
 async fn api_client() -> Result<kube::Client, Error> {
     const CANNOT: &str = "cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)";
-    let mut config = kube::Config::infer()
-        .await
-        .map_err(|e| Error::serve_from(CANNOT, e))?;
+    if let Some(missing) = missing_kubeconfig() {
+        return Err(Error::serve(missing));
+    }
+    let mut config = kube::Config::infer().await.map_err(|e| {
+        Error::serve(format!(
+            "cannot load the Kubernetes configuration: {}",
+            crate::report(&e)
+        ))
+    })?;
     config.headers.push((
         http::header::USER_AGENT,
         http::HeaderValue::from_static(concat!("initium/", env!("CARGO_PKG_VERSION"))),
     ));
     kube::Client::try_from(config).map_err(|e| Error::serve_from(CANNOT, e))
+}
+
+/// Why no configuration can be found, as a sentence that says what to do; `None` when there
+/// is one to try (a KUBECONFIG file, `~/.kube/config`, or a Pod's service account).
+fn missing_kubeconfig() -> Option<String> {
+    if let Some(paths) = std::env::var_os("KUBECONFIG").filter(|p| !p.is_empty()) {
+        let missing: Vec<String> = std::env::split_paths(&paths)
+            .filter(|p| !p.as_os_str().is_empty() && !p.exists())
+            .map(|p| p.display().to_string())
+            .collect();
+        let all = std::env::split_paths(&paths)
+            .filter(|p| !p.as_os_str().is_empty())
+            .count();
+        return (!missing.is_empty() && missing.len() == all).then(|| {
+            format!(
+                "KUBECONFIG names {}, which does not exist: point KUBECONFIG at a kubeconfig \
+                 file (for the project's own control plane: eval \"$(scripts/control-plane env)\")",
+                missing.join(", ")
+            )
+        });
+    }
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let home_config = std::env::var_os("HOME")
+        .map(|home| std::path::Path::new(&home).join(".kube").join("config"))
+        .is_some_and(|p| p.exists());
+    (!in_cluster && !home_config).then(|| {
+        "no Kubernetes configuration found: set KUBECONFIG to a kubeconfig file, put one at \
+         ~/.kube/config, or run initium in a Pod with a service account"
+            .to_string()
+    })
+}
+
+/// Makes sure initium's own namespace (`--namespace`), which holds its Lease and TLS Secret,
+/// exists: a first run out of cluster creates it. Returns whether it was created. When it is
+/// missing and may not be created, the error says which `kubectl` command to run.
+async fn ensure_namespace(client: &kube::Client, namespace: &str) -> crate::Result<bool> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Api, ObjectMeta, PostParams};
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let reached = |e: kube::Error| {
+        Error::serve_from(format!("cannot check that namespace {namespace} exists"), e)
+    };
+    match namespaces.get_opt(namespace).await {
+        Ok(Some(_)) => return Ok(false),
+        Ok(None) => {}
+        // Allowed to create but not to read, or read-only: the steps after this one say more.
+        Err(kube::Error::Api(s)) if s.code == 403 => return Ok(false),
+        Err(e) => return Err(reached(e)),
+    }
+    let wanted = Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace.to_string()),
+            labels: Some(
+                [(
+                    "app.kubernetes.io/created-by".to_string(),
+                    "initium".to_string(),
+                )]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    match namespaces.create(&PostParams::default(), &wanted).await {
+        Ok(_) => Ok(true),
+        // Another replica, or a person, created it meanwhile.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(kube::Error::Api(s)) if s.code == 403 => Err(Error::serve(format!(
+            "namespace {namespace} (--namespace) does not exist and initium may not create it \
+             ({}): create it with `kubectl create namespace {namespace}`, or pass --namespace \
+             with an existing one",
+            s.message
+        ))),
+        Err(e) => Err(Error::serve_from(
+            format!(
+                "namespace {namespace} (--namespace) does not exist and creating it failed; \
+                 create it with `kubectl create namespace {namespace}`"
+            ),
+            e,
+        )),
+    }
 }
 
 /// Stack of every runtime thread.
@@ -103,6 +190,9 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
         },
     };
     config.validate()?;
+    if ensure_namespace(&client, &args.namespace).await? {
+        tracing::info!(namespace = %args.namespace, "created initium's namespace (--namespace): it holds the Lease and the TLS Secret");
+    }
     let tls = config.load_tls(&client).await?;
     let rustls = tls.rustls_config();
 

@@ -129,7 +129,7 @@ pub enum TlsError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// A call to the API server about the Secret failed.
-    #[error("{action} {object}: {source}")]
+    #[error("cannot {action} {object}")]
     Api {
         /// What initium tried, e.g. `create`.
         action: &'static str,

@@ -1,0 +1,175 @@
+//! The errors of the Kubernetes client as sentences a person can act on.
+//!
+//! kube's own `Display` of an API error is `ApiError: <message> (Status { ... })`, a `Debug`
+//! dump; a watch error wraps that again. [`crate::report`] renders every kube error it meets
+//! in an error chain with [`describe`], so what `initium` prints and logs says what the API
+//! server answered and what to do about it.
+
+use kube::runtime::watcher;
+
+/// `error` as a sentence: what the API server answered (its message, code and reason) with a
+/// hint for the codes a person can fix, or why the API server could not be reached.
+pub fn describe(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => {
+            let hint = match status.code {
+                401 => {
+                    " Check the credentials of the kubeconfig initium uses (KUBECONFIG, or the \
+                     service account token in a Pod)."
+                }
+                403 => {
+                    " initium's RBAC does not allow it: apply deploy/rbac.yaml (or the Helm \
+                     chart) of this version again, or grant what the message names."
+                }
+                409 => " Someone else wrote the same object at the same time; initium retries.",
+                429 => " The API server is overloaded; initium retries.",
+                500..=599 => " The API server failed; initium retries.",
+                _ => "",
+            };
+            let message = if status.message.is_empty() {
+                "no message".to_string()
+            } else {
+                status.message.clone()
+            };
+            let reason = if status.reason.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", status.reason)
+            };
+            format!(
+                "the API server answered: {message} ({}{reason}).{hint}",
+                status.code
+            )
+        }
+        kube::Error::HyperError(_) | kube::Error::Service(_) => format!(
+            "cannot reach the API server: {}. Check that it runs and that the kubeconfig \
+             (KUBECONFIG) points at it.",
+            innermost(error)
+        ),
+        kube::Error::Auth(_) => format!(
+            "cannot authenticate to the API server: {}. Check the credentials of the \
+             kubeconfig (KUBECONFIG).",
+            innermost(error)
+        ),
+        kube::Error::SerdeError(e) => {
+            format!("the API server's answer could not be read: {e}")
+        }
+        kube::Error::InferConfig(e) => format!(
+            "no usable Kubernetes configuration: {e}. Set KUBECONFIG to a kubeconfig file, or \
+             run initium in a Pod with a service account."
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// A watch's error as a sentence: which step failed, and the API server's answer.
+pub fn describe_watch(error: &watcher::Error) -> String {
+    match error {
+        watcher::Error::InitialListFailed(e) => format!("listing failed: {}", describe(e)),
+        watcher::Error::WatchStartFailed(e) => {
+            format!("starting the watch failed: {}", describe(e))
+        }
+        watcher::Error::WatchFailed(e) => format!("the watch failed: {}", describe(e)),
+        watcher::Error::WatchError(status) => format!(
+            "the API server ended the watch: {} ({} {}); initium lists again.",
+            status.message, status.code, status.reason
+        ),
+        watcher::Error::NoResourceVersion => {
+            "the API server sent no resourceVersion, so this kind cannot be watched".to_string()
+        }
+    }
+}
+
+/// The deepest cause's text: for a connection failure, the operating system's reason
+/// (`Connection refused (os error 111)`), not the layers of HTTP client around it.
+fn innermost(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut last: &(dyn std::error::Error + 'static) = error;
+    while let Some(next) = last.source() {
+        last = next;
+    }
+    let text = last.to_string();
+    if text.is_empty() {
+        error.to_string()
+    } else {
+        text
+    }
+}
+
+/// If `error` is a kube client or watch error, its sentence; such an error ends a chain for
+/// [`crate::report`] (its causes are in the sentence).
+pub(crate) fn sentence(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    if let Some(e) = error.downcast_ref::<kube::Error>() {
+        return Some(describe(e));
+    }
+    if let Some(e) = error.downcast_ref::<watcher::Error>() {
+        return Some(describe_watch(e));
+    }
+    None
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn api(code: u16, reason: &str, message: &str) -> kube::Error {
+        let mut status = Status::failure(message, reason);
+        status.code = code;
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn an_api_error_is_its_message_code_and_reason_without_a_debug_dump() {
+        let text = describe(&api(
+            404,
+            "NotFound",
+            "namespaces \"initium-dev\" not found",
+        ));
+        assert_eq!(
+            text,
+            "the API server answered: namespaces \"initium-dev\" not found (404 NotFound)."
+        );
+        assert!(!text.contains("Status {"), "{text}");
+    }
+
+    #[test]
+    fn a_forbidden_answer_says_to_fix_the_rbac() {
+        let text = describe(&api(
+            403,
+            "Forbidden",
+            "leases.coordination.k8s.io is forbidden",
+        ));
+        assert!(text.contains("(403 Forbidden)"), "{text}");
+        assert!(text.contains("deploy/rbac.yaml"), "{text}");
+    }
+
+    #[test]
+    fn a_watch_error_names_the_step_and_the_answer() {
+        let text = describe_watch(&watcher::Error::InitialListFailed(api(
+            403,
+            "Forbidden",
+            "configmaps is forbidden",
+        )));
+        assert!(
+            text.starts_with("listing failed: the API server answered: configmaps is forbidden"),
+            "{text}"
+        );
+        assert!(!text.contains("ApiError"), "{text}");
+    }
+
+    #[test]
+    fn the_report_of_a_chain_ends_at_the_kube_error() {
+        let error = crate::controller::ControllerError::Api {
+            action: "get",
+            object: "Lease initium-dev/initium".into(),
+            source: api(404, "NotFound", "leases \"initium\" not found"),
+        };
+        let text = crate::report(&error);
+        assert_eq!(
+            text,
+            "cannot get Lease initium-dev/initium: the API server answered: leases \"initium\" \
+             not found (404 NotFound)."
+        );
+    }
+}
