@@ -43,6 +43,7 @@ pub const GATE_PREFIX: &str = "initium.dev/";
     doc = "ClusterMutationRule mutates matching objects in any namespace (or cluster-scoped objects) while the API server admits them.",
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority","description":"Lower runs first"}"#,
     printcolumn = r#"{"name":"Kinds","type":"string","jsonPath":".spec.match.kinds","description":"Kinds the rule matches"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","description":"Enforce: changes objects; Audit: reports what it would change"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Compiled and in the index"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -62,6 +63,16 @@ pub struct RuleSpec {
     /// `Ignore` (default) skips the rule with a warning to the client; `Fail` rejects the object.
     #[serde(default)]
     pub failure_policy: FailurePolicy,
+
+    /// `Enforce` (default) applies the rule's changes. `Audit` evaluates the rule exactly
+    /// as an enforced one, at the same place in the order, but keeps none of its changes and
+    /// never rejects an object: what it would have changed (or why it would have failed) is
+    /// told to the client as a warning, counted per rule in
+    /// `initium_rule_audit_changes_total` and `initium_rule_audit_errors_total`, and summed
+    /// up in Events on the rule. Rules after it see
+    /// the object as if it had not run. See docs/rules.md, "Audit mode".
+    #[serde(default)]
+    pub mode: Mode,
 
     /// Which objects the rule applies to. Every field given must hold.
     #[serde(rename = "match")]
@@ -110,6 +121,14 @@ pub enum FailurePolicy {
     #[default]
     Ignore,
     Fail,
+}
+
+/// Whether a rule changes objects (`Enforce`) or only reports what it would change (`Audit`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Audit,
 }
 
 /// An admission operation.

@@ -159,6 +159,10 @@ pub struct Metrics {
     pub rule_applied: RuleCounters,
     /// Times a rule failed (skipped with `Ignore`, or denied with `Fail`).
     pub rule_errors: RuleCounters,
+    /// Objects a `mode: Audit` rule would have changed.
+    pub rule_audit_changes: RuleCounters,
+    /// Objects on which a `mode: Audit` rule would have failed.
+    pub rule_audit_errors: RuleCounters,
     /// Requests whose latency budget ran out before every rule had run.
     pub budget_overruns: Counter,
     /// Rules by state.
@@ -202,6 +206,8 @@ impl Default for Metrics {
             );
         let rule_applied = RuleCounters::default();
         let rule_errors = RuleCounters::default();
+        let rule_audit_changes = RuleCounters::default();
+        let rule_audit_errors = RuleCounters::default();
         let budget_overruns = Counter::default();
         let rules = Family::<StateLabels, Gauge>::default();
         let leader = Gauge::default();
@@ -219,6 +225,16 @@ impl Default for Metrics {
             "rule_errors",
             "Failures of a rule (skipped or denied)",
             rule_errors.clone(),
+        );
+        registry.register(
+            "rule_audit_changes",
+            "Objects a rule in mode Audit would have changed (nothing was changed)",
+            rule_audit_changes.clone(),
+        );
+        registry.register(
+            "rule_audit_errors",
+            "Objects on which a rule in mode Audit would have failed (nothing was rejected)",
+            rule_audit_errors.clone(),
         );
         registry.register(
             "budget_overruns",
@@ -292,6 +308,8 @@ impl Default for Metrics {
             admission_duration,
             rule_applied,
             rule_errors,
+            rule_audit_changes,
+            rule_audit_errors,
             budget_overruns,
             rules,
             leader,

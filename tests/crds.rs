@@ -55,7 +55,7 @@ fn crds_have_the_names_columns_and_validations_users_rely_on() {
             .flatten()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(columns, ["Priority", "Kinds", "Ready", "Age"]);
+        assert_eq!(columns, ["Priority", "Kinds", "Mode", "Ready", "Age"]);
         assert!(
             version
                 .subresources

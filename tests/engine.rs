@@ -1064,3 +1064,130 @@ fn a_function_that_cannot_run_fails_the_rule_with_its_field_and_function() {
         "ClusterMutationRule keys (failurePolicy Fail) failed: spec.mutations[0]: the key \"{{ $.spec.containers[1].image }}\" renders to \"x\", which another key of the same object has too; keys must render to different strings"
     );
 }
+
+// ---- mode: Audit
+
+#[test]
+fn an_audit_rule_reports_what_it_would_change_and_changes_nothing() {
+    let idx = index(vec![
+        cmr(
+            "audited",
+            json!({"mode": "Audit", "priority": 10, "match": {"kinds": ["Pod"]},
+                   "mutations": [label("team", "payments"),
+                                 {"upsert": {"path": "/spec/volumes", "key": "name", "value": {"name": "ca", "emptyDir": {}}}}]}),
+        ),
+        // Runs after it, and reads what the audit rule would have written: it must not see it.
+        cmr(
+            "enforced",
+            json!({"priority": 20, "match": {"kinds": ["Pod"]},
+                   "conditions": [{"path": "$.metadata.labels.team", "exists": false}],
+                   "mutations": [label("seen", "no-team")]}),
+        ),
+    ]);
+    let original = pod("shop", "web");
+    let out = admit(&idx, &original, Some("shop"));
+    assert_eq!(out.object["metadata"]["labels"], json!({"seen": "no-team"}));
+    assert!(
+        out.object["spec"].get("volumes").is_none(),
+        "{}",
+        out.object
+    );
+    assert_eq!(
+        out.object["metadata"]["annotations"]["initium.dev/mutated-by"], "enforced",
+        "provenance names only the rules that changed the object"
+    );
+    assert_eq!(
+        out.applied
+            .iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>(),
+        ["enforced"]
+    );
+    assert!(out.skipped.is_empty() && out.warnings.is_empty());
+    assert_patch_reproduces(&original, &out);
+    assert_eq!(out.audited.len(), 1);
+    let audited = &out.audited[0];
+    assert_eq!(audited.rule.to_string(), "audited");
+    let initium::engine::Verdict::WouldChange(ops) = &audited.verdict else {
+        panic!("{audited:?}");
+    };
+    // The audit's own patch turns the object it saw into what it would have made.
+    let mut would = original.clone();
+    json_patch::patch(&mut would, ops).unwrap();
+    assert_eq!(would["metadata"]["labels"], json!({"team": "payments"}));
+    assert_eq!(
+        would["spec"]["volumes"],
+        json!([{"name": "ca", "emptyDir": {}}])
+    );
+    assert_eq!(
+        audited.summary(),
+        "audit: ClusterMutationRule audited would change the object: add /metadata/labels, add /spec/volumes"
+    );
+}
+
+#[test]
+fn a_failing_audit_rule_never_rejects_and_says_what_enforcing_it_would_do() {
+    let failing = |name: &str, policy: &str| {
+        cmr(
+            name,
+            json!({"mode": "Audit", "failurePolicy": policy, "match": {"kinds": ["Pod"]},
+                   "mutations": [{"patch": [{"op": "replace", "path": "/spec/missing", "value": 1}]}]}),
+        )
+    };
+    let idx = index(vec![
+        failing("strict", "Fail"),
+        failing("lenient", "Ignore"),
+        cmr(
+            "unchanged",
+            json!({"mode": "Audit", "match": {"kinds": ["Pod"]},
+                   "mutations": [{"defaults": {"metadata": {"name": "other"}}}]}),
+        ),
+    ]);
+    let original = pod("shop", "web");
+    let out = admit(&idx, &original, Some("shop"));
+    assert_eq!(out.object, original, "nothing changes");
+    assert!(out.ops.is_empty() && out.skipped.is_empty() && out.warnings.is_empty());
+    let summaries: Vec<String> = out.audited.iter().map(|a| a.summary()).collect();
+    assert_eq!(summaries.len(), 3, "{summaries:?}");
+    assert!(
+        summaries[0].starts_with(
+            "audit: ClusterMutationRule lenient would fail, and the rule would be skipped (failurePolicy Ignore): "
+        ),
+        "{summaries:?}"
+    );
+    assert!(
+        summaries[1].starts_with(
+            "audit: ClusterMutationRule strict would fail, and the object would be rejected (failurePolicy Fail): "
+        ),
+        "{summaries:?}"
+    );
+    assert_eq!(
+        summaries[2],
+        "audit: ClusterMutationRule unchanged matched and would change nothing"
+    );
+}
+
+#[test]
+fn an_audit_rule_out_of_budget_is_reported_not_enforced() {
+    let idx = index(vec![cmr(
+        "late",
+        json!({"mode": "Audit", "failurePolicy": "Fail", "match": {"kinds": ["Pod"]},
+               "mutations": [label("a", "b")]}),
+    )]);
+    let past = Instant::now() - Duration::from_millis(1);
+    let out = try_admit(
+        &idx,
+        &pod("shop", "web"),
+        Some("shop"),
+        Operation::Create,
+        Some(past),
+    )
+    .unwrap_or_else(|d| panic!("an Audit rule must never deny: {d}"));
+    assert!(out.budget_exceeded);
+    assert!(out.ops.is_empty());
+    assert!(
+        out.audited[0].summary().contains("latency budget"),
+        "{:?}",
+        out.audited
+    );
+}

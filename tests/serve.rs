@@ -1085,3 +1085,120 @@ fn a_taken_port_stops_serve_at_once_and_nothing_is_installed() {
     }
     let _ = kubectl(&["delete", "namespace", &own, "--wait=false"]);
 }
+
+#[test]
+fn an_audit_rule_changes_no_pod_and_reports_to_the_client_the_metrics_and_events() {
+    let _serial = serial_blocking();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let initium = Initium::start(&unique("audit"), &own, &["--audit-report-interval", "1s"]);
+    let shop = namespace("shop");
+    apply(&format!(
+        "apiVersion: initium.dev/v1alpha1\nkind: MutationRule\nmetadata: {{name: audited, namespace: {shop}}}\nspec:\n  mode: Audit\n  match: {{kinds: [Pod]}}\n  mutations:\n  - merge: {{metadata: {{labels: {{team: shop}}}}}}\n  - upsert: {{path: /spec/volumes, key: name, value: {{name: ca, emptyDir: {{}}}}}}\n"
+    ));
+    eventually_blocking(
+        "the Audit rule to be Ready",
+        Duration::from_secs(10),
+        || {
+            is(
+                ready_status("mr", Some(&shop), "audited").as_deref(),
+                Some("True"),
+            )
+        },
+    );
+    let listed = ok(kubectl(&["get", "mr", "audited", "-n", &shop]), "get mr");
+    assert!(
+        listed.contains("MODE") && listed.contains("Audit"),
+        "{listed}"
+    );
+
+    // The client is told what the rule would do; the Pod is stored as written.
+    let out = kubectl_stdin(
+        &["create", "-f", "-", "-o", "json"],
+        &pod_yaml(&shop, "web"),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let pod = json(ok(out, "create Pod"));
+    assert!(
+        stderr.contains(&format!(
+            "audit: MutationRule {shop}/audited would change the object: add /metadata/labels, add /spec/volumes"
+        )),
+        "kubectl's warnings: {stderr}"
+    );
+    assert!(pod["metadata"].get("labels").is_none(), "{pod}");
+    assert!(pod["spec"].get("volumes").is_none(), "{pod}");
+    assert!(
+        pod["metadata"]
+            .get("annotations")
+            .and_then(|a| a.get("initium.dev/mutated-by"))
+            .is_none(),
+        "{pod}"
+    );
+
+    // A dry run is told too, but not counted: the metric counts real requests.
+    let dry = kubectl_stdin(
+        &["create", "--dry-run=server", "-f", "-", "-o", "json"],
+        &pod_yaml(&shop, "dry"),
+    );
+    assert!(
+        String::from_utf8_lossy(&dry.stderr).contains("would change the object"),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let series = format!("initium_rule_audit_changes_total{{rule=\"{shop}/audited\"}} 1");
+    eventually_blocking("the audit metric", Duration::from_secs(10), || {
+        let (_, metrics) = initium.ops("/metrics");
+        if metrics.contains(&series) {
+            Ok(())
+        } else {
+            Err(metrics
+                .lines()
+                .filter(|l| l.contains("audit"))
+                .collect::<Vec<_>>()
+                .join("\n"))
+        }
+    });
+
+    // Within the report interval, one Event on the rule sums it up.
+    eventually_blocking(
+        "an AuditWouldChange Event on the rule",
+        Duration::from_secs(20),
+        || {
+            let events = json(ok(
+                kubectl(&[
+                    "get",
+                    "events.events.k8s.io",
+                    "-n",
+                    &shop,
+                    "--field-selector",
+                    "reason=AuditWouldChange",
+                    "-o",
+                    "json",
+                ]),
+                "get events",
+            ));
+            let found = events["items"].as_array().into_iter().flatten().find(|e| {
+                e["regarding"]["kind"] == "MutationRule" && e["regarding"]["name"] == "audited"
+            });
+            match found {
+                Some(e) => {
+                    let note = e["note"].as_str().unwrap_or_default();
+                    assert!(
+                        note.contains("would have changed 1 object(s)")
+                            && note.contains(&format!("Pod {shop}/web")),
+                        "{note}"
+                    );
+                    assert!(
+                        e["regarding"]["uid"]
+                            .as_str()
+                            .is_some_and(|u| !u.is_empty()),
+                        "{e}"
+                    );
+                    Ok(())
+                }
+                None => Err(format!("{events}")),
+            }
+        },
+    );
+}

@@ -6,6 +6,7 @@
 //! index, the Namespace labels, readiness, the metrics — is [`state::Shared`], which the
 //! controller's duties write.
 
+pub mod audit;
 pub(crate) mod limits;
 mod mutate;
 mod review;

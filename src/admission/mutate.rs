@@ -7,7 +7,7 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::Value;
 
 use super::state::Shared;
-use crate::engine::{Denial, Gvk, Outcome, RanBefore, RuleId, Subject};
+use crate::engine::{Denial, Gvk, Outcome, RanBefore, RuleId, Subject, Verdict as AuditVerdict};
 
 use super::review::{self, AdmissionRequest, AdmissionResponse, OldObject};
 use super::telemetry::{self, Record, Verdict};
@@ -76,8 +76,48 @@ pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply 
     };
     let deadline = record.arrival().checked_add(shared.config.budget);
     match index.evaluate_with(&subject, object, deadline, &shared.config.rule_limits) {
-        Ok(outcome) => mutated(&request, outcome, record),
+        Ok(outcome) => {
+            // Audit verdicts of real requests are tallied for the rules' Events and counted;
+            // a dry run (`kubectl apply --dry-run=server`) only gets the warnings.
+            if !outcome.audited.is_empty() && !request.is_dry_run() {
+                shared
+                    .audit
+                    .add(&outcome.audited, &describe(&request, &outcome.object));
+                record.audited(
+                    outcome
+                        .audited
+                        .iter()
+                        .filter_map(|a| match a.verdict {
+                            AuditVerdict::Unchanged => None,
+                            AuditVerdict::WouldChange(_) => Some((a.rule.clone(), false)),
+                            AuditVerdict::WouldFail { .. } => Some((a.rule.clone(), true)),
+                        })
+                        .collect(),
+                );
+            }
+            mutated(&request, outcome, record)
+        }
         Err(denial) => denied(&request, denial, record),
+    }
+}
+
+/// `Pod shop/web` (or `Pod shop/web-*` for a name the API server has yet to generate): the
+/// object an audit example names.
+fn describe(request: &AdmissionRequest, object: &Value) -> String {
+    let name = request
+        .name()
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .or_else(|| {
+            object
+                .pointer("/metadata/generateName")
+                .and_then(Value::as_str)
+                .map(|g| format!("{g}*"))
+        })
+        .unwrap_or_else(|| "(no name)".into());
+    match request.namespace().filter(|n| !n.is_empty()) {
+        Some(ns) => format!("{} {ns}/{name}", request.kind.kind),
+        None => format!("{} {name}", request.kind.kind),
     }
 }
 
@@ -112,7 +152,19 @@ fn allow(request: &AdmissionRequest, outcome: &Outcome, record: &mut Record) -> 
         response.patch_type = Some("JSONPatch");
         response.patch = Some(STANDARD.encode(&patch));
     }
-    response.warnings = review::client_warnings(&outcome.warnings);
+    response.warnings = if outcome.audited.is_empty() {
+        review::client_warnings(&outcome.warnings)
+    } else {
+        let mut warnings = outcome.warnings.clone();
+        warnings.extend(
+            outcome
+                .audited
+                .iter()
+                .filter(|a| !matches!(a.verdict, AuditVerdict::Unchanged))
+                .map(|a| a.summary()),
+        );
+        review::client_warnings(&warnings)
+    };
     record.verdict(if response.patch.is_some() {
         Verdict::Mutated
     } else {

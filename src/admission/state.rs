@@ -74,6 +74,8 @@ pub struct Shared {
     pub(crate) blocking_reviews: Arc<Semaphore>,
     /// Which label values the metrics may use, for the index it was built from.
     labels: ArcSwap<LabelView>,
+    /// What `mode: Audit` rules would have done since the `audit` duty last reported it.
+    pub audit: super::audit::AuditTally,
 }
 
 /// The label values an index allows: the exact kinds its rules name, and its rules.
@@ -133,6 +135,7 @@ impl Shared {
             validations: Arc::new(Semaphore::new(limits.max_concurrent_validations)),
             blocking_reviews: Arc::new(Semaphore::new(limits.max_blocking_reviews)),
             labels: ArcSwap::from_pointee(LabelView::default()),
+            audit: super::audit::AuditTally::default(),
             config,
         })
     }
@@ -190,5 +193,7 @@ impl Shared {
         let keep = |rule: &str| view.rules.contains(rule);
         self.metrics.rule_applied.retain(keep);
         self.metrics.rule_errors.retain(keep);
+        self.metrics.rule_audit_changes.retain(keep);
+        self.metrics.rule_audit_errors.retain(keep);
     }
 }

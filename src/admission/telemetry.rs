@@ -102,6 +102,8 @@ pub(crate) struct Record {
     /// The rule that failed and rejected the object (`failurePolicy: Fail`).
     denied_by: Option<RuleId>,
     budget_exceeded: bool,
+    /// `mode: Audit` rules that would have changed the object (`false`) or failed (`true`).
+    audited: Vec<(RuleId, bool)>,
 }
 
 impl Record {
@@ -115,6 +117,7 @@ impl Record {
             applied: Vec::new(),
             skipped: Vec::new(),
             denied_by: None,
+            audited: Vec::new(),
             budget_exceeded: false,
         }
     }
@@ -151,6 +154,11 @@ impl Record {
         self.budget_exceeded = budget_exceeded;
     }
 
+    /// What the `mode: Audit` rules would have done: (rule, would change, would fail).
+    pub(super) fn audited(&mut self, audited: Vec<(RuleId, bool)>) {
+        self.audited = audited;
+    }
+
     /// A `failurePolicy: Fail` rule could not run and rejected the object.
     pub(super) fn denied_by(&mut self, rule: RuleId, budget_exceeded: bool) {
         self.denied_by = Some(rule);
@@ -166,6 +174,13 @@ impl Record {
         }
         for rule in self.skipped.iter().chain(&self.denied_by) {
             metrics.rule_errors.inc(&rule.to_string());
+        }
+        for (rule, failed) in &self.audited {
+            if *failed {
+                metrics.rule_audit_errors.inc(&rule.to_string());
+            } else {
+                metrics.rule_audit_changes.inc(&rule.to_string());
+            }
         }
         if self.budget_exceeded {
             metrics.budget_overruns.inc();

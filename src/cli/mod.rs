@@ -156,6 +156,10 @@ fn apply(args: ApplyArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
                 for w in &outcome.warnings {
                     report(err, &format!("{what}: warning: {w}"))?;
                 }
+                // What `mode: Audit` rules would have done; none of it is in the output.
+                for audited in &outcome.audited {
+                    report(err, &format!("{what}: {}", audited.summary()))?;
+                }
                 results.push(outcome);
             }
             Admitted::Denied(denial) => {

@@ -230,6 +230,15 @@ fn run_case(
         match admit(index, doc, operation, namespace, &namespaces, &lookups)? {
             Admitted::Ok(outcome) => {
                 warnings.extend(outcome.warnings.clone());
+                // As at admission: what an Audit rule would do is a warning, so a case can
+                // expect it (`expectWarnings: ["audit: ... would change the object"]`).
+                warnings.extend(
+                    outcome
+                        .audited
+                        .iter()
+                        .filter(|a| !matches!(a.verdict, crate::engine::Verdict::Unchanged))
+                        .map(|a| a.summary()),
+                );
                 outputs.push(outcome.object);
             }
             Admitted::Denied(d) => denials.push(format!("{}: {d}", describe_object(&doc.value))),

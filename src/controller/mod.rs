@@ -61,6 +61,7 @@
 //! # }
 //! ```
 
+pub mod audit;
 pub mod certificates;
 pub mod discovery;
 pub(crate) mod duty;
@@ -141,6 +142,8 @@ pub struct ControllerConfig {
     /// Pods the gate controller releases at once (`--gate-release-concurrency`; default
     /// [`DEFAULT_GATE_RELEASE_CONCURRENCY`]).
     pub gate_release_concurrency: usize,
+    /// How often each replica publishes the audit Events (`--audit-report-interval`).
+    pub audit_report_interval: Duration,
 }
 
 /// Default `--gate-release-concurrency`: on the 2-core test machine, 1,000 Pods released by
@@ -165,6 +168,7 @@ impl ControllerConfig {
             discovery_interval: Duration::from_secs(60),
             resync_interval: Duration::from_secs(60),
             gate_release_concurrency: usize::from(DEFAULT_GATE_RELEASE_CONCURRENCY),
+            audit_report_interval: audit::DEFAULT_AUDIT_REPORT_INTERVAL,
         }
     }
 
@@ -190,6 +194,10 @@ impl ControllerConfig {
         for (name, value) in [
             ("discovery interval", self.discovery_interval),
             ("resync interval", self.resync_interval),
+            (
+                "audit report interval (--audit-report-interval)",
+                self.audit_report_interval,
+            ),
         ] {
             if value.is_zero() {
                 return config(format!("the {name} must be more than zero"));
@@ -331,8 +339,15 @@ pub async fn run(
         readiness.clone(),
         snapshot_rx.clone(),
         leader.clone(),
-        identity,
+        identity.clone(),
         config.gate_release_concurrency,
+    ));
+    duties.start(audit::Audit::new(
+        client.clone(),
+        shared.clone(),
+        snapshot_rx.clone(),
+        identity,
+        config.audit_report_interval,
     ));
     duties.start(status::Status::new(
         client.clone(),

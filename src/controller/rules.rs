@@ -110,6 +110,8 @@ pub fn verdict(
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuleView {
     pub id: RuleId,
+    /// The rule object's uid (what an Event about the rule refers to).
+    pub uid: Option<String>,
     pub generation: Option<i64>,
     pub resource_version: Option<String>,
     /// The status as last seen on the API server (shared with the rule table).
@@ -167,6 +169,7 @@ impl From<MutationRule> for Observed {
 /// later event brings a new spec is told by `spec_key`.
 struct Entry {
     spec_key: SpecKey,
+    uid: Option<String>,
     /// `spec.match.kinds` as written, for the Ready condition's messages.
     kinds: Vec<String>,
     generation: Option<i64>,
@@ -378,6 +381,7 @@ impl RuleTable {
                 .iter()
                 .map(|(id, entry)| RuleView {
                     id: id.clone(),
+                    uid: entry.uid.clone(),
                     generation: entry.generation,
                     resource_version: entry.resource_version.clone(),
                     status: entry.status.clone(),
@@ -412,6 +416,7 @@ fn entry_for(
     {
         let entry = Entry {
             spec_key,
+            uid: observed.uid,
             kinds: current.kinds.clone(),
             generation: observed.generation,
             resource_version: observed.resource_version,
@@ -430,6 +435,7 @@ fn entry_for(
     }
     let entry = Entry {
         spec_key,
+        uid: observed.uid,
         kinds: observed.spec.match_.kinds,
         generation: observed.generation,
         resource_version: observed.resource_version,

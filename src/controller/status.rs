@@ -259,6 +259,7 @@ mod tests {
     fn view(verdict: Verdict, generation: i64, status: Option<RuleStatus>) -> RuleView {
         RuleView {
             id: RuleId::cluster("r"),
+            uid: None,
             generation: Some(generation),
             resource_version: Some("1".into()),
             status: status.map(Arc::new),

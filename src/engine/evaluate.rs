@@ -3,10 +3,10 @@
 use std::sync::LazyLock;
 use std::time::Instant;
 
-use json_patch::Patch;
+use json_patch::{Patch, PatchOperation};
 use serde_json::{Map, Value};
 
-use crate::api::{FailurePolicy, MUTATED_BY_ANNOTATION};
+use crate::api::{FailurePolicy, MUTATED_BY_ANNOTATION, Mode};
 
 use super::error::sanitize;
 use super::index::RuleIndex;
@@ -33,6 +33,75 @@ pub struct Outcome {
     pub warnings: Vec<String>,
     /// True when the latency budget ran out before every rule had run.
     pub budget_exceeded: bool,
+    /// What each matching `mode: Audit` rule would have done, in order. None of it is in
+    /// `object`, and none of these rules is in `applied` or `skipped`.
+    pub audited: Vec<Audited>,
+}
+
+/// What a `mode: Audit` rule would have done to the object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Audited {
+    pub rule: RuleId,
+    pub verdict: Verdict,
+}
+
+/// The verdict of an Audit rule on one object.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// It matched and would change nothing.
+    Unchanged,
+    /// It would make these changes: RFC 6902 operations on the object as the rules before
+    /// it left it.
+    WouldChange(Vec<PatchOperation>),
+    /// It would fail: enforced, its failurePolicy would skip it (`rejects: false`) or reject
+    /// the object (`rejects: true`).
+    WouldFail { error: String, rejects: bool },
+}
+
+/// Operations a summary names before it says how many more there are.
+const SUMMARY_OPS: usize = 4;
+
+impl Audited {
+    /// One line for a person: the rule and what it would do, e.g. `audit: ClusterMutationRule
+    /// ca would change the object: add /spec/volumes/0, add /metadata/labels/ca`.
+    pub fn summary(&self) -> String {
+        let rule = self.rule.describe();
+        match &self.verdict {
+            Verdict::Unchanged => format!("audit: {rule} matched and would change nothing"),
+            Verdict::WouldChange(ops) => {
+                let mut named: Vec<String> = ops
+                    .iter()
+                    .take(SUMMARY_OPS)
+                    .map(|op| {
+                        let (verb, path) = match op {
+                            PatchOperation::Add(o) => ("add", o.path.as_str()),
+                            PatchOperation::Remove(o) => ("remove", o.path.as_str()),
+                            PatchOperation::Replace(o) => ("replace", o.path.as_str()),
+                            PatchOperation::Move(o) => ("move", o.path.as_str()),
+                            PatchOperation::Copy(o) => ("copy", o.path.as_str()),
+                            PatchOperation::Test(o) => ("test", o.path.as_str()),
+                        };
+                        format!("{verb} {}", if path.is_empty() { "/" } else { path })
+                    })
+                    .collect();
+                if ops.len() > SUMMARY_OPS {
+                    named.push(format!("and {} more", ops.len() - SUMMARY_OPS));
+                }
+                format!(
+                    "audit: {rule} would change the object: {}",
+                    named.join(", ")
+                )
+            }
+            Verdict::WouldFail { error, rejects } => {
+                let consequence = if *rejects {
+                    "the object would be rejected (failurePolicy Fail)"
+                } else {
+                    "the rule would be skipped (failurePolicy Ignore)"
+                };
+                format!("audit: {rule} would fail, and {consequence}: {error}")
+            }
+        }
+    }
 }
 
 impl Outcome {
@@ -111,6 +180,7 @@ impl RuleIndex {
             skipped: Vec::new(),
             warnings: Vec::new(),
             budget_exceeded: false,
+            audited: Vec::new(),
         };
         let mut doc = object;
         // Rules see the object with the request's namespace and name filled in (at admission
@@ -138,6 +208,16 @@ impl RuleIndex {
                     continue;
                 }
                 outcome.matched.push(rule.id.clone());
+                if rule.mode == Mode::Audit {
+                    outcome.audited.push(Audited {
+                        rule: rule.id.clone(),
+                        verdict: Verdict::WouldFail {
+                            error: "the latency budget ran out before it could run".into(),
+                            rejects: rule.failure_policy == FailurePolicy::Fail,
+                        },
+                    });
+                    continue;
+                }
                 match rule.failure_policy {
                     FailurePolicy::Ignore => {
                         outcome.skipped.push(rule.id.clone());
@@ -159,7 +239,30 @@ impl RuleIndex {
                     }
                 }
             }
-            match rule.run(subject, &mut doc, &mut meter) {
+            let result = rule.run(subject, &mut doc, &mut meter);
+            let result = if rule.mode == Mode::Audit {
+                match audit(
+                    rule.id.clone(),
+                    rule.failure_policy,
+                    result,
+                    &mut doc,
+                    &mut meter,
+                ) {
+                    Ok(Some((audited, out_of_time))) => {
+                        outcome.matched.push(rule.id.clone());
+                        // The rules after it have no time left either.
+                        outcome.budget_exceeded |= out_of_time;
+                        outcome.audited.push(audited);
+                        continue;
+                    }
+                    Ok(None) => continue,
+                    // Undoing the audit rule's changes failed: handled like any corruption.
+                    Err(corrupted) => corrupted,
+                }
+            } else {
+                result
+            };
+            match result {
                 RuleResult::NotMatched => {}
                 RuleResult::Unchanged => outcome.matched.push(rule.id.clone()),
                 RuleResult::Changed(journal) => {
@@ -219,6 +322,46 @@ impl RuleIndex {
         outcome.object = doc;
         Ok(outcome)
     }
+}
+
+/// The verdict of an Audit rule from what running it gave, its changes undone (`Ok(None)`:
+/// it did not match), and whether the latency budget ran out in it. `Err` carries a result the pipeline must handle as for any rule: the
+/// object could not be put back.
+fn audit(
+    rule: RuleId,
+    policy: FailurePolicy,
+    result: RuleResult,
+    doc: &mut Value,
+    meter: &mut Meter,
+) -> Result<Option<(Audited, bool)>, RuleResult> {
+    let mut out_of_time = false;
+    let verdict = match result {
+        RuleResult::NotMatched => return Ok(None),
+        RuleResult::Unchanged => Verdict::Unchanged,
+        RuleResult::Changed(journal) => {
+            let ops = journal.preview(doc);
+            let undone = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                journal.rollback(doc);
+            }));
+            if let Err(panic) = undone {
+                return Err(RuleResult::Corrupted(super::rule::UndoFailed::audit(
+                    &*panic,
+                )));
+            }
+            // What it wrote is gone: it does not count against what the rules may write.
+            meter.undo_rule();
+            Verdict::WouldChange(ops)
+        }
+        RuleResult::Failed(error) => {
+            out_of_time = matches!(error, Stop::Budget);
+            Verdict::WouldFail {
+                error: sanitize(&error.to_string()).into_owned(),
+                rejects: policy == FailurePolicy::Fail,
+            }
+        }
+        corrupted @ RuleResult::Corrupted(_) => return Err(corrupted),
+    };
+    Ok(Some((Audited { rule, verdict }, out_of_time)))
 }
 
 /// How many candidate rules run between two looks at the clock.

@@ -108,6 +108,22 @@ impl Journal {
             .then_some(None)
     }
 
+    /// What the rule changed, as RFC 6902 operations from the object before the rule to
+    /// `doc` (with their values): what an Audit rule reports before it is undone.
+    pub fn preview(&self, doc: &Value) -> Vec<PatchOperation> {
+        let mut changes = Changes::default();
+        changes.absorb(Journal {
+            entries: self.entries.clone(),
+            index: PointerIndex::default(),
+            inexact: self.inexact,
+        });
+        changes
+            .patch(doc)
+            .iter()
+            .map(|op| op.to_operation(doc))
+            .collect()
+    }
+
     /// Puts every touched part back, newest first.
     pub fn rollback(self, doc: &mut Value) {
         for (pointer, prior) in self.entries.into_iter().rev() {

@@ -19,7 +19,7 @@ mod rule;
 mod template;
 
 pub use error::{ApplyError, FieldError, IdentityChange, InternalError, RuleErrors, sanitize};
-pub use evaluate::{Denial, Outcome};
+pub use evaluate::{Audited, Denial, Outcome, Verdict};
 pub use gate::{
     CompiledGate, DEFAULT_GATE_TIMEOUT, DEPLOYMENT_PROGRESS_DEADLINE, Dependency, Target, gate_name,
 };

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::api::{self, FailurePolicy, GATED_LABEL, Operation, RuleSpec};
+use crate::api::{self, FailurePolicy, GATED_LABEL, Mode, Operation, RuleSpec};
 
 use super::error::{Errors, IdentityChange, InternalError, RuleErrors};
 use super::gate::{self, CompiledGate};
@@ -145,6 +145,8 @@ pub struct CompiledRule {
     pub id: RuleId,
     pub priority: i32,
     pub failure_policy: FailurePolicy,
+    /// `Audit`: evaluated, its changes reported and undone (see `RuleIndex::evaluate_with`).
+    pub mode: Mode,
     matcher: Matcher,
     /// Boxed: most rules have none, and every rule of a cluster is kept compiled.
     exclude: Option<Box<Matcher>>,
@@ -180,6 +182,18 @@ pub(crate) struct UndoFailed {
     failure: Stop,
     #[source]
     undo: InternalError,
+}
+
+impl UndoFailed {
+    /// Undoing what an Audit rule changed (every Audit rule's changes are undone) panicked.
+    pub(crate) fn audit(panic: &(dyn std::any::Any + Send)) -> UndoFailed {
+        UndoFailed {
+            failure: Stop::from(InternalError::from_panic(
+                &"the rule runs in mode Audit, so its changes are undone",
+            )),
+            undo: InternalError::from_panic(panic),
+        }
+    }
 }
 
 impl CompiledRule {
@@ -446,6 +460,7 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
         id,
         priority: spec.priority,
         failure_policy: spec.failure_policy,
+        mode: spec.mode,
         matcher,
         exclude,
         conditions,

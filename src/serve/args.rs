@@ -93,6 +93,10 @@ pub struct ServeArgs {
     /// one dependency is released this many at a time. Lower it to spare a busy API server.
     #[arg(long, default_value_t = crate::controller::DEFAULT_GATE_RELEASE_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
     pub gate_release_concurrency: u16,
+    /// How often each replica sums up what `mode: Audit` rules would have done, as one Event
+    /// per rule and verdict (`AuditWouldChange`, `AuditWouldFail`).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub audit_report_interval: Duration,
     /// AdmissionReviews above 64 KiB evaluated at once; one that waits longer than the budget
     /// gets 503 and the API server applies the webhook's failure policy.
     #[arg(long, default_value_t = 2)]
