@@ -696,3 +696,135 @@ fn rendered_manifests_pass_a_server_side_dry_run() {
             .output();
     }
 }
+
+/// `kubectl ARGS` on the test plane; its stdout, the test failing with its stderr.
+fn kubectl_ok(args: &[&str]) -> String {
+    let out = support::kubectl()
+        .args(args)
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "kubectl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What docs/operations.md tells people to run, on the real API server: `helm install` with
+/// `--create-namespace` (the CRDs come with the first install), the ServiceAccount may do
+/// what initium does in the release's namespace, `helm upgrade` changes the Deployment,
+/// the CRDs are applied again before it as the docs say, and `helm uninstall` removes the
+/// release but leaves the CRDs (and so the rules).
+#[test]
+fn helm_installs_upgrades_and_uninstalls_on_the_api_server() {
+    let kubeconfig = support::kubeconfig_path();
+    let kubeconfig = kubeconfig.to_str().expect("a UTF-8 path");
+    let namespace = support::unique("helm-release");
+    let release = |args: &[&str]| {
+        let mut full = args.to_vec();
+        full.extend(["--kubeconfig", kubeconfig, "--namespace", &namespace]);
+        let (ok, out, err) = helm(&full);
+        assert!(
+            ok,
+            "helm {}\nstdout:\n{out}\nstderr:\n{err}",
+            full.join(" ")
+        );
+        out
+    };
+    let out = release(&["install", "initium", CHART, "--create-namespace"]);
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    kubectl_ok(&["get", "crd", "mutationrules.initium.dev"]);
+    let deployment = || -> Value {
+        serde_json::from_str(&kubectl_ok(&[
+            "get",
+            "deployment",
+            "initium",
+            "-n",
+            &namespace,
+            "-o",
+            "json",
+        ]))
+        .expect("a Deployment as JSON")
+    };
+    let installed = deployment();
+    assert_eq!(installed["spec"]["replicas"], 2);
+
+    // The RBAC authorizer sees new bindings through its informers, a moment later.
+    let sa = format!("--as=system:serviceaccount:{namespace}:initium");
+    let can = |args: &[&str]| {
+        let mut full = vec!["auth", "can-i", sa.as_str()];
+        full.extend_from_slice(args);
+        let out = support::kubectl()
+            .args(&full)
+            .output()
+            .expect("kubectl runs");
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    let started = std::time::Instant::now();
+    while !can(&["update", "leases.coordination.k8s.io", "-n", &namespace])
+        && started.elapsed() < std::time::Duration::from_secs(30)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(can(&[
+        "update",
+        "leases.coordination.k8s.io",
+        "-n",
+        &namespace
+    ]));
+    assert!(can(&["create", "secrets", "-n", &namespace]));
+    assert!(can(&["watch", "pods", "--all-namespaces"]));
+    assert!(!can(&["get", "secrets", "-n", "kube-system"]));
+
+    // Upgrade as docs/operations.md says: the CRDs first (Helm does not upgrade them).
+    kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        &format!("{CHART}/crds/"),
+    ]);
+    let out = release(&[
+        "upgrade",
+        "initium",
+        CHART,
+        "--set",
+        "budget=500ms,replicas=1",
+    ]);
+    assert!(out.contains("REVISION: 2"), "{out}");
+    let upgraded = deployment();
+    assert_eq!(upgraded["spec"]["replicas"], 1);
+    let args = upgraded["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--budget=500ms"), "{args}");
+
+    let out = release(&["uninstall", "initium"]);
+    assert!(out.contains("uninstalled"), "{out}");
+    let gone = support::kubectl()
+        .args(["get", "deployment", "initium", "-n", &namespace])
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        !gone.status.success(),
+        "the Deployment outlived the release"
+    );
+    assert!(
+        String::from_utf8_lossy(&gone.stderr).contains("NotFound"),
+        "{}",
+        String::from_utf8_lossy(&gone.stderr)
+    );
+    let gone = support::kubectl()
+        .args(["get", "clusterrole", "initium"])
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        !gone.status.success(),
+        "the ClusterRole outlived the release"
+    );
+    // The CRDs stay: deleting them would delete every rule.
+    kubectl_ok(&["get", "crd", "mutationrules.initium.dev"]);
+    let _ = support::kubectl()
+        .args(["delete", "namespace", &namespace, "--wait=false"])
+        .output();
+}
