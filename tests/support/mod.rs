@@ -7,7 +7,7 @@
 //!
 //! - [`plane`]: the control plane ([`Plane::shared`] for a test binary, started on first use
 //!   and stopped when the binary exits, or `INITIUM_TEST_KUBECONFIG`; [`Plane::up`] for a
-//!   plane of one's own), kubectl and a client for it;
+//!   plane of one's own), kubectl and a client for it, and helm (no cluster needed);
 //! - [`cluster`]: unique names and namespaces, `crds/` installed and Established, rules;
 //! - [`wait`]: `eventually` and its blocking forms;
 //! - [`process`]: `initium serve` as a process, ports, `/metrics`, `/mutate`;
@@ -33,7 +33,7 @@ pub mod wait;
 pub mod workloads;
 
 pub use self::cluster::{install_crds, namespace, unique};
-pub use self::plane::{Plane, client, control_plane_script, kubeconfig_path, kubectl, root};
+pub use self::plane::{Plane, client, control_plane_script, helm, kubeconfig_path, kubectl, root};
 pub use self::process::post_review;
 pub use self::serial::{serial, serial_blocking};
 pub use self::wait::{eventually, eventually_blocking};

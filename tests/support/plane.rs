@@ -263,6 +263,47 @@ fn bin_dir() -> Result<PathBuf> {
     ))
 }
 
+/// `helm`, built from Go modules by `scripts/control-plane build --helm` into the control
+/// plane's cache on first use (minutes; later calls find it at once). It needs no cluster:
+/// `helm template` and `helm lint` render offline. Its caches and configuration are this
+/// process's own, so a developer's repositories and plugins play no part.
+pub fn helm() -> Command {
+    static HELM: OnceLock<Result<(PathBuf, PathBuf), String>> = OnceLock::new();
+    let found = HELM.get_or_init(|| {
+        let built = || -> Result<(PathBuf, PathBuf)> {
+            // Quick when helm is there: the script checks its version stamp.
+            let status = Command::new(control_plane_script())
+                .args(["build", "--helm"])
+                .stdout(Stdio::null())
+                .status()
+                .context("cannot run scripts/control-plane build --helm")?;
+            if !status.success() {
+                bail!("scripts/control-plane build --helm failed ({status})");
+            }
+            let home = option_env!("CARGO_TARGET_TMPDIR")
+                .map_or_else(std::env::temp_dir, PathBuf::from)
+                .join(format!("initium-helm-{}", std::process::id()));
+            std::fs::create_dir_all(&home)
+                .with_context(|| format!("cannot create {}", home.display()))?;
+            Ok((bin_dir()?.join("helm"), home))
+        };
+        built().map_err(|e| format!("{e:#}"))
+    });
+    let (helm, home) = found.as_ref().unwrap_or_else(|e| panic!("{e}"));
+    let mut command = Command::new(helm);
+    for (variable, dir) in [
+        ("HELM_CACHE_HOME", "cache"),
+        ("HELM_CONFIG_HOME", "config"),
+        ("HELM_DATA_HOME", "data"),
+    ] {
+        command.env(variable, home.join(dir));
+    }
+    command
+        .env_remove("KUBECONFIG")
+        .env_remove("HELM_NAMESPACE");
+    command
+}
+
 /// The kubeconfig of the test cluster ([`Plane::shared`]).
 pub fn kubeconfig_path() -> PathBuf {
     Plane::shared().kubeconfig.clone()
