@@ -1,3 +1,11 @@
+// Wrapper module used by scripts/ops-check to build ops-check (main.go): kstatus as Flux
+// reads objects, gopher-lua as Argo CD runs health scripts, and Prometheus's PromQL parser
+// and rule-file loader, for tests/gitops.rs and tests/monitoring.rs.
+//
+// To bump: change the versions below (sigs.k8s.io/cli-utils is what Flux's
+// kustomize-controller uses; github.com/yuin/gopher-lua what Argo CD uses), run
+// `go mod tidy`; the cached binary is named after a hash of this module, so the next run
+// builds it again.
 module initium.local/control-plane/ops-check
 
 go 1.26.7
