@@ -587,3 +587,50 @@ fn the_tokeniser_skips_functions_labels_and_durations() {
         r#"rate(x{job=~".*", a=".*"}[5m])"#
     );
 }
+
+#[test]
+fn the_kustomization_installs_the_pod_monitor_the_rules_and_the_dashboard() {
+    let bin_dir = support::plane::run(Command::new(support::control_plane_script()).arg("bin-dir"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let kubectl = std::path::Path::new(bin_dir.trim()).join("kubectl");
+    let out = support::plane::run(
+        Command::new(kubectl)
+            .arg("kustomize")
+            .arg(root().join("deploy/monitoring")),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let objects: Vec<Value> = out
+        .split("\n---\n")
+        .map(|doc| serde_saphyr::from_str(doc).unwrap_or_else(|e| panic!("{e}: {doc}")))
+        .collect();
+    let kinds: Vec<(&str, &str, &str)> = objects
+        .iter()
+        .map(|o| {
+            (
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap(),
+                o["metadata"]["namespace"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("ConfigMap", "initium-grafana-dashboard", "initium-system"),
+            ("PodMonitor", "initium", "initium-system"),
+            ("PrometheusRule", "initium", "initium-system"),
+        ]
+    );
+    let dashboard_cm = &objects[0];
+    assert_eq!(dashboard_cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let embedded: Value =
+        serde_json::from_str(dashboard_cm["data"]["initium.json"].as_str().unwrap()).unwrap();
+    assert_eq!(embedded, dashboard());
+    // The PodMonitor scrapes the port deploy/deployment.yaml serves /metrics on.
+    let endpoint = &objects[1]["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(
+        (endpoint["port"].as_str(), endpoint["path"].as_str()),
+        (Some("ops"), Some("/metrics"))
+    );
+    assert!(read("deploy/deployment.yaml").contains("{name: ops, containerPort: 8080"));
+}
