@@ -691,6 +691,7 @@ pub struct RuleStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Ready`: True when the rule compiled and is in the index; False with the errors.
+    /// `Stalled`: True, with the errors, while only a change to the rule can make it Ready.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<StatusCondition>,
 }

@@ -7,6 +7,12 @@
 //! | False | `KindNotServed`  | a pattern in `match.kinds` matches no served kind            |
 //! | False | `KindNotAllowed` | a pattern matches only kinds initium never intercepts        |
 //!
+//! A rule that cannot become Ready until its spec changes (`InvalidRule`, `KindNotAllowed`)
+//! also gets `Stalled=True` with the same reason and message: kstatus (Flux's health checks,
+//! `kubectl wait`-like tools) reads `Ready=False` alone as "in progress" and would wait for
+//! its timeout, but `Stalled=True` as "failed". A rule waiting for its kind to be served is
+//! in progress, not stalled. initium removes `Stalled` once the rule is no longer stalled.
+//!
 //! Only the Lease holder writes, through the status subresource, and only when the condition
 //! (type, status, reason, message, observedGeneration) or `status.observedGeneration` differs
 //! from what is there; `lastTransitionTime` changes only when the status flips. Other
@@ -31,6 +37,9 @@ use crate::engine::RuleId;
 
 /// The condition type initium writes.
 pub const READY: &str = "Ready";
+/// The condition kstatus reads as "failed": written beside `Ready=False` while the rule cannot
+/// become Ready without a change to its spec, removed otherwise.
+pub const STALLED: &str = "Stalled";
 /// Longest condition message written (the rest is cut, marked with `…`).
 const MESSAGE_MAX_CHARS: usize = 32 * 1024;
 /// Status patches in flight at once (a thousand rules at start-up should not take minutes).
@@ -39,7 +48,7 @@ const CONCURRENT_WRITES: usize = 8;
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(32);
 
-/// The `Ready` condition for a verdict (without `lastTransitionTime`).
+/// The `Ready` condition for a verdict (`lastTransitionTime`: `now`).
 fn ready_condition(verdict: &Verdict, generation: Option<i64>, now: &Time) -> Condition {
     let (status, reason, message) = match verdict {
         Verdict::Ready => (
@@ -61,6 +70,19 @@ fn ready_condition(verdict: &Verdict, generation: Option<i64>, now: &Time) -> Co
     }
 }
 
+/// The `Stalled` condition for a verdict that only a change to the rule can clear, with the
+/// reason and message of its `Ready` condition; `None` for the others.
+fn stalled_condition(verdict: &Verdict, ready: &Condition) -> Option<Condition> {
+    match verdict {
+        Verdict::Invalid(_) | Verdict::KindNotAllowed(_) => Some(Condition {
+            type_: STALLED.into(),
+            status: "True".into(),
+            ..ready.clone()
+        }),
+        Verdict::Ready | Verdict::KindNotServed(_) => None,
+    }
+}
+
 fn truncate(message: &str) -> String {
     match message.char_indices().nth(MESSAGE_MAX_CHARS) {
         Some((at, _)) => format!("{}…", &message[..at]),
@@ -68,28 +90,34 @@ fn truncate(message: &str) -> String {
     }
 }
 
-/// The status a rule should have, or `None` when what it has already says so. `now` becomes
-/// `lastTransitionTime` when `Ready` flips (or appears).
-pub fn desired_status(view: &RuleView, now: &Time) -> Option<RuleStatus> {
-    let mut wanted = ready_condition(&view.verdict, view.generation, now);
-    let current = view.status.as_deref().cloned().unwrap_or_default();
-    let existing = current.conditions.iter().find(|c| c.type_ == READY);
-    if let Some(existing) = existing {
-        let same = existing.status == wanted.status
-            && existing.reason == wanted.reason
-            && existing.message == wanted.message
-            && existing.observed_generation == wanted.observed_generation;
-        if same && current.observed_generation == view.generation {
-            return None;
+/// Puts `wanted` in the place of the condition of its type (or at the end), keeping that
+/// condition's `lastTransitionTime` when its status does not change.
+fn put(conditions: &mut Vec<Condition>, mut wanted: Condition) {
+    match conditions.iter_mut().find(|c| c.type_ == wanted.type_) {
+        Some(slot) => {
+            if slot.status == wanted.status {
+                wanted.last_transition_time = slot.last_transition_time.clone();
+            }
+            *slot = wanted;
         }
-        if existing.status == wanted.status {
-            wanted.last_transition_time = existing.last_transition_time.clone();
-        }
-    }
-    let mut conditions = current.conditions;
-    match conditions.iter_mut().find(|c| c.type_ == READY) {
-        Some(slot) => *slot = wanted,
         None => conditions.push(wanted),
+    }
+}
+
+/// The status a rule should have, or `None` when what it has already says so. `now` becomes
+/// `lastTransitionTime` when `Ready` flips (or appears), and when `Stalled` appears.
+pub fn desired_status(view: &RuleView, now: &Time) -> Option<RuleStatus> {
+    let current = view.status.as_deref().cloned().unwrap_or_default();
+    let ready = ready_condition(&view.verdict, view.generation, now);
+    let stalled = stalled_condition(&view.verdict, &ready);
+    let mut conditions = current.conditions.clone();
+    put(&mut conditions, ready);
+    match stalled {
+        Some(stalled) => put(&mut conditions, stalled),
+        None => conditions.retain(|c| c.type_ != STALLED),
+    }
+    if conditions == current.conditions && current.observed_generation == view.generation {
+        return None;
     }
     Some(RuleStatus {
         observed_generation: view.generation,
@@ -356,6 +384,93 @@ mod tests {
         let mut status = desired_status(&view(Verdict::Ready, 1, None), &time(100)).unwrap();
         status.observed_generation = None;
         assert!(desired_status(&view(Verdict::Ready, 1, Some(status)), &time(200)).is_some());
+    }
+
+    /// (type, status, reason, message) of every condition.
+    fn summary(status: &RuleStatus) -> Vec<(&str, &str, &str, &str)> {
+        status
+            .conditions
+            .iter()
+            .map(|c| {
+                (
+                    c.type_.as_str(),
+                    c.status.as_str(),
+                    c.reason.as_str(),
+                    c.message.as_str(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_rule_that_needs_a_change_is_stalled_with_the_reason_and_message_of_ready() {
+        for (verdict, reason) in [
+            (Verdict::Invalid("spec.x: bad".into()), "InvalidRule"),
+            (
+                Verdict::KindNotAllowed("spec.x: bad".into()),
+                "KindNotAllowed",
+            ),
+        ] {
+            let status = desired_status(&view(verdict, 2, None), &time(100)).unwrap();
+            assert_eq!(
+                summary(&status),
+                [
+                    ("Ready", "False", reason, "spec.x: bad"),
+                    ("Stalled", "True", reason, "spec.x: bad"),
+                ]
+            );
+            assert_eq!(status.conditions[1].observed_generation, Some(2));
+            assert_eq!(status.conditions[1].last_transition_time, time(100));
+        }
+    }
+
+    #[test]
+    fn a_rule_waiting_for_its_kind_is_not_stalled() {
+        let status = desired_status(
+            &view(Verdict::KindNotServed("spec.y: not served".into()), 1, None),
+            &time(100),
+        )
+        .unwrap();
+        assert_eq!(
+            summary(&status),
+            [("Ready", "False", "KindNotServed", "spec.y: not served")]
+        );
+    }
+
+    #[test]
+    fn stalled_goes_when_the_rule_is_fixed_and_stays_put_while_it_is_not() {
+        let broken = desired_status(
+            &view(Verdict::Invalid("spec.x: bad".into()), 1, None),
+            &time(100),
+        );
+        // Unchanged: nothing to write.
+        assert_eq!(
+            desired_status(
+                &view(Verdict::Invalid("spec.x: bad".into()), 1, broken.clone()),
+                &time(150)
+            ),
+            None
+        );
+        // Another error: the message follows, the transition time stays.
+        let other = desired_status(
+            &view(Verdict::Invalid("spec.z: worse".into()), 2, broken),
+            &time(200),
+        )
+        .unwrap();
+        assert_eq!(other.conditions[1].message, "spec.z: worse");
+        assert_eq!(other.conditions[1].last_transition_time, time(100));
+        // Fixed: Ready, and no Stalled condition left behind.
+        let fixed = desired_status(&view(Verdict::Ready, 3, Some(other)), &time(300)).unwrap();
+        assert_eq!(
+            summary(&fixed),
+            [(
+                "Ready",
+                "True",
+                "Compiled",
+                "the rule is compiled and applied to matching objects"
+            )]
+        );
+        assert_eq!(fixed.conditions[0].last_transition_time, time(300));
     }
 
     #[test]
