@@ -467,17 +467,19 @@ fn every_metric_the_dashboard_and_the_alerts_use_is_exported_by_initium_serve() 
         rule("label", r#"{match: {kinds: [Pod]}, mutations: [{merge: {metadata: {labels: {seen: "yes"}}}}]}"#),
         rule("broken", r#"{match: {kinds: [Pod]}, mutations: [{patch: [{op: remove, path: /spec/notThere}]}]}"#),
         rule("gate", r#"{match: {kinds: [Pod]}, gate: {waitFor: [{service: {name: missing}}], timeout: 1s}}"#),
+        rule("audited", r#"{mode: Audit, match: {kinds: [Pod]}, mutations: [{merge: {metadata: {labels: {audited: "yes"}}}}]}"#),
+        rule("audited-broken", r#"{mode: Audit, match: {kinds: [Pod]}, mutations: [{patch: [{op: remove, path: /spec/notThere}]}]}"#),
     ]
     .concat();
     plane.apply(&rules).unwrap();
     eventually_blocking(
-        "the three rules Ready in initium",
+        "the five rules Ready in initium",
         Duration::from_secs(60),
         || {
             let ready = initium
                 .metric(r#"initium_rules{state="ready""#)
                 .map_err(|e| e.to_string())?;
-            if ready >= 3.0 {
+            if ready >= 5.0 {
                 Ok(())
             } else {
                 Err(format!("{ready} Ready"))
