@@ -667,3 +667,115 @@ fn check_refuses_templates_where_they_cannot_work_and_function_calls_that_cannot
         "the valid rule is not reported"
     );
 }
+
+#[test]
+fn explain_says_per_rule_what_it_did_or_which_field_ruled_the_object_out() {
+    let dir = std::env::temp_dir().join(format!("initium-explain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        r#"apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: web-only}
+spec:
+  priority: 10
+  match: {kinds: [Pod], labels: {matchLabels: {app: web}}}
+  mutations: [{merge: {metadata: {labels: {team: shop}}}}]
+---
+apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: nginx-only}
+spec:
+  match: {kinds: [Pod]}
+  conditions: [{path: "$.spec.containers[*].image", matches: "^nginx"}]
+  mutations: [{merge: {metadata: {labels: {web: nginx}}}}]
+---
+apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: everyone}
+spec:
+  match: {kinds: [Pod]}
+  mutations: [{merge: {metadata: {labels: {seen: "yes"}}}}]
+---
+apiVersion: initium.dev/v1alpha1
+kind: MutationRule
+metadata: {name: theirs, namespace: payments}
+spec:
+  match: {kinds: [Pod]}
+  mutations: [{merge: {metadata: {labels: {a: b}}}}]
+---
+apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: deployments}
+spec:
+  match: {kinds: [Deployment]}
+  mutations: [{merge: {metadata: {labels: {a: b}}}}]
+---
+apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: strict}
+spec:
+  priority: 200
+  failurePolicy: Fail
+  match: {kinds: [Pod]}
+  mutations: [{patch: [{op: replace, path: /spec/nothing, value: 1}]}]
+---
+apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: last}
+spec:
+  priority: 300
+  match: {kinds: [Pod]}
+  mutations: [{merge: {metadata: {labels: {last: "yes"}}}}]
+"#,
+    )
+    .unwrap();
+    let out = initium(&[
+        "explain",
+        "-r",
+        rules.to_str().unwrap(),
+        "examples/audit-mode/rules.yaml",
+        "-f",
+        "examples/audit-mode/objects.yaml",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let want = [
+        "Pod shop/web (examples/audit-mode/objects.yaml)",
+        "  ClusterMutationRule web-only (priority 10): not matched: spec.match.labels does not hold",
+        "      spec.match.labels: {\"matchLabels\":{\"app\":\"web\"}}",
+        "  ClusterMutationRule everyone (priority 100): changed the object:",
+        "      {\"op\":\"add\",\"path\":\"/metadata/labels\",\"value\":{\"seen\":\"yes\"}}",
+        "  ClusterMutationRule nginx-only (priority 100): not matched: spec.conditions[0] does not hold",
+        "      spec.conditions[0]: {\"matches\":\"^nginx\",\"path\":\"$.spec.containers[*].image\"}",
+        "  MutationRule payments/theirs (priority 100): not a candidate: a MutationRule applies only to namespaced objects of its own namespace (payments)",
+        "  MutationRule shop/default-resources (priority 100): mode Audit, would change the object (not kept):",
+        "      {\"op\":\"add\",\"path\":\"/spec/containers/0/resources\",\"value\":{\"requests\":{\"cpu\":\"100m\",\"memory\":\"128Mi\"}}}",
+        "  ClusterMutationRule strict (priority 200): failed and rejects the object (failurePolicy Fail): spec.mutations[0]: patch[0] replace /spec/nothing: path is invalid",
+        "  ClusterMutationRule last (priority 300): not run: a rule before it rejected the object",
+        "  1 rule(s) for other kinds: ClusterMutationRule deployments (--all lists them)",
+    ];
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), want, "{stdout}");
+
+    let all = initium(&[
+        "explain",
+        "--all",
+        "-r",
+        rules.to_str().unwrap(),
+        "-f",
+        "examples/audit-mode/objects.yaml",
+    ]);
+    assert!(
+        text(&all.stdout).contains(
+            "  ClusterMutationRule deployments (priority 100): not matched: spec.match.kinds does not hold"
+        ),
+        "{}",
+        text(&all.stdout)
+    );
+    // Without rules or --cluster there is nothing to explain against: clap says so.
+    let none = initium(&["explain", "-f", "examples/audit-mode/objects.yaml"]);
+    assert!(!none.status.success());
+    assert!(text(&none.stderr).contains("--rules"), "{}", text(&none.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -206,6 +206,7 @@ fn every_status_initium_writes_reads_as_documented() {
     ] {
         let view = RuleView {
             id: RuleId::cluster("r"),
+            uid: None,
             generation: Some(4),
             resource_version: Some("1".into()),
             status: None,

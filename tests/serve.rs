@@ -1202,3 +1202,57 @@ fn an_audit_rule_changes_no_pod_and_reports_to_the_client_the_metrics_and_events
         },
     );
 }
+
+#[test]
+fn explain_cluster_reads_the_rules_and_namespace_labels_of_the_cluster() {
+    let _serial = serial_blocking();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let _initium = Initium::start(&unique("explain"), &own, &[]);
+    let team = namespace("team");
+    ok(
+        kubectl(&["label", "namespace", &team, "env=prod"]),
+        "label namespace",
+    );
+    apply(&format!(
+        "apiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {{name: prod-only}}\nspec:\n  match: {{kinds: [Pod], namespaceSelector: {{matchLabels: {{env: prod}}}}}}\n  mutations: [{{merge: {{metadata: {{labels: {{tier: prod}}}}}}}}]\n---\napiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {{name: staging-only}}\nspec:\n  match: {{kinds: [Pod], namespaceSelector: {{matchLabels: {{env: staging}}}}}}\n  mutations: [{{merge: {{metadata: {{labels: {{tier: staging}}}}}}}}]\n---\napiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {{name: unserved}}\nspec:\n  match: {{kinds: [example.com/v1/Widget]}}\n  mutations: [{{merge: {{metadata: {{labels: {{a: b}}}}}}}}]\n"
+    ));
+    eventually_blocking("the rules' status", Duration::from_secs(20), || {
+        is(
+            (
+                ready_status("cmr", None, "prod-only").as_deref(),
+                ready_status("cmr", None, "unserved").as_deref(),
+            ),
+            (Some("True"), Some("False")),
+        )
+    });
+    let file = std::env::temp_dir().join(format!("{}.yaml", unique("explain-pod")));
+    std::fs::write(&file, pod_yaml(&team, "web")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_initium"))
+        .args(["explain", "--cluster", "-f"])
+        .arg(&file)
+        .env("KUBECONFIG", support::kubeconfig_path())
+        .output()
+        .expect("initium explain runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // Only the cluster knows the namespace's labels: the selector decides with them.
+    assert!(
+        stdout.contains("ClusterMutationRule prod-only (priority 100): changed the object:"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "ClusterMutationRule staging-only (priority 100): not matched: spec.match.namespaceSelector does not hold"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("note: ClusterMutationRule unserved is not Ready in the cluster"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_file(&file);
+    let _ = kubectl(&["delete", "cmr", "prod-only", "staging-only", "unserved"]);
+}

@@ -2,6 +2,7 @@
 //! offline commands (the engine with no cluster: [`input`], [`offline`], [`output`],
 //! [`test`]); `serve` hands over to the online composition root.
 
+pub mod explain;
 pub mod input;
 pub mod offline;
 pub mod output;
@@ -37,6 +38,9 @@ pub enum Command {
     Check(CheckArgs),
     /// Run declarative test cases (see docs/testing.md).
     Test(TestArgs),
+    /// Say, per object and rule, what the rule did or which field ruled the object out
+    /// (offline, or --cluster with the cluster's rules).
+    Explain(explain::ExplainArgs),
     /// Print the CustomResourceDefinitions (or write them to a directory).
     Crd(CrdArgs),
     /// Run the admission webhook, the rule watches and the operations endpoints.
@@ -116,6 +120,7 @@ pub fn run(command: Command, out: &mut dyn Write, err: &mut dyn Write) -> Result
         Command::Apply(args) => apply(args, out, err),
         Command::Check(args) => check(args, out),
         Command::Test(args) => test::run(&args.paths, out),
+        Command::Explain(args) => explain::run(args, out, err),
         Command::Crd(args) => crd(args, out),
         Command::Serve(args) => crate::serve::run(*args),
     }
@@ -227,6 +232,6 @@ fn crd(args: CrdArgs, out: &mut dyn Write) -> Result<()> {
 }
 
 /// A line on stderr; names and messages in it come from files, so it is escaped first.
-fn report(err: &mut dyn Write, line: &str) -> Result<()> {
+pub(crate) fn report(err: &mut dyn Write, line: &str) -> Result<()> {
     writeln!(err, "{}", crate::engine::sanitize(line)).map_err(|e| Error::output("to stderr", e))
 }

@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use crate::api::Operation;
 use crate::engine::{
-    Denial, FieldError, Gvk, LookupKind, LookupStore, Outcome, RanBefore, RuleErrors, RuleIndex,
-    Subject, compile, is_rule_document, parse_rule,
+    Denial, FieldError, Gvk, Limits, LookupKind, LookupStore, Outcome, RanBefore, RuleErrors,
+    RuleIndex, Step, Subject, compile, is_rule_document, parse_rule,
 };
 use crate::{Error, Result};
 
@@ -56,11 +56,24 @@ pub struct LoadedRules {
 /// in document order, each with the document it came from.
 pub fn load_rules(inputs: &[PathBuf], default_namespace: &str) -> Result<LoadedRules> {
     let docs = read_documents(inputs)?;
+    let (loaded, errors) = compile_documents(&docs, default_namespace);
+    if !errors.is_empty() {
+        return Err(Error::InvalidRules(errors));
+    }
+    Ok(loaded)
+}
+
+/// Compiles the rule documents among `docs`: the index of the valid ones, and the errors of
+/// the others (each with the document it came from).
+pub fn compile_documents(
+    docs: &[Document],
+    default_namespace: &str,
+) -> (LoadedRules, Vec<RuleErrors>) {
     let mut compiled = Vec::new();
     let mut errors = Vec::new();
     let mut ignored_documents = 0;
     let mut seen = HashSet::new();
-    for doc in &docs {
+    for doc in docs {
         if !is_rule_document(&doc.value) {
             ignored_documents += 1;
             continue;
@@ -82,13 +95,13 @@ pub fn load_rules(inputs: &[PathBuf], default_namespace: &str) -> Result<LoadedR
             }
         }
     }
-    if !errors.is_empty() {
-        return Err(Error::InvalidRules(errors));
-    }
-    Ok(LoadedRules {
-        index: RuleIndex::new(compiled),
-        ignored_documents,
-    })
+    (
+        LoadedRules {
+            index: RuleIndex::new(compiled),
+            ignored_documents,
+        },
+        errors,
+    )
 }
 
 /// Labels of the Namespace objects among the inputs, for `namespaceSelector`.
@@ -158,6 +171,48 @@ pub fn admit(
     namespaces: &BTreeMap<String, BTreeMap<String, String>>,
     lookups: &LookupStore,
 ) -> Result<Admitted> {
+    with_subject(
+        doc,
+        operation,
+        default_namespace,
+        namespaces,
+        lookups,
+        |subject| match index.evaluate(subject, doc.value.clone(), None) {
+            Ok(outcome) => Admitted::Ok(outcome),
+            Err(denial) => Admitted::Denied(denial),
+        },
+    )
+}
+
+/// Every rule's part in the admission of one object (`initium explain`), and the object
+/// after all of them; the object is presented as [`admit`] presents it.
+pub fn explain(
+    index: &RuleIndex,
+    doc: &Document,
+    operation: Operation,
+    default_namespace: &str,
+    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+    lookups: &LookupStore,
+) -> Result<(Vec<Step>, Value)> {
+    with_subject(
+        doc,
+        operation,
+        default_namespace,
+        namespaces,
+        lookups,
+        |subject| index.explain(subject, doc.value.clone(), &Limits::default()),
+    )
+}
+
+/// Runs `f` with the object of `doc` as the API server would present it for admission.
+fn with_subject<T>(
+    doc: &Document,
+    operation: Operation,
+    default_namespace: &str,
+    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+    lookups: &LookupStore,
+    f: impl FnOnce(&Subject) -> T,
+) -> Result<T> {
     let object = &doc.value;
     let bad = |message: String| Error::input(doc.origin.clone(), message);
     let api_version = object
@@ -193,10 +248,7 @@ pub fn admit(
         ran_before: RanBefore::Unknown,
         lookups: Some(lookups),
     };
-    Ok(match index.evaluate(&subject, object.clone(), None) {
-        Ok(outcome) => Admitted::Ok(outcome),
-        Err(denial) => Admitted::Denied(denial),
-    })
+    Ok(f(&subject))
 }
 
 /// `Pod payments/web` for messages.

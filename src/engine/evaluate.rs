@@ -327,7 +327,7 @@ impl RuleIndex {
 /// The verdict of an Audit rule from what running it gave, its changes undone (`Ok(None)`:
 /// it did not match), and whether the latency budget ran out in it. `Err` carries a result the pipeline must handle as for any rule: the
 /// object could not be put back.
-fn audit(
+pub(super) fn audit(
     rule: RuleId,
     policy: FailurePolicy,
     result: RuleResult,

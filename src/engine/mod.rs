@@ -3,6 +3,7 @@
 
 mod error;
 mod evaluate;
+mod explain;
 mod gate;
 mod glob;
 mod index;
@@ -20,6 +21,7 @@ mod template;
 
 pub use error::{ApplyError, FieldError, IdentityChange, InternalError, RuleErrors, sanitize};
 pub use evaluate::{Audited, Denial, Outcome, Verdict};
+pub use explain::{Step, StepResult};
 pub use gate::{
     CompiledGate, DEFAULT_GATE_TIMEOUT, DEPLOYMENT_PROGRESS_DEADLINE, Dependency, Target, gate_name,
 };

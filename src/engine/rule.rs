@@ -241,6 +241,28 @@ impl CompiledRule {
         self.conditions.hold(object)
     }
 
+    /// Why the rule does not apply to the object, as the field of the rule that rules it out
+    /// (`spec.match.labels`, `spec.exclude`, `spec.conditions[1]`); `None` when it applies.
+    /// For `initium explain`: the admission path uses `matches`.
+    pub(crate) fn why_not(
+        &self,
+        subject: &Subject,
+        object: &Value,
+    ) -> Result<Option<String>, MatchError> {
+        if let Some(field) = self.matcher.first_mismatch(subject, object)? {
+            return Ok(Some(format!("spec.match.{field}")));
+        }
+        if let Some(exclude) = &self.exclude
+            && exclude.matches(subject, object)?
+        {
+            return Ok(Some("spec.exclude".into()));
+        }
+        Ok(self
+            .conditions
+            .first_failing(object)?
+            .map(|i| format!("spec.conditions[{i}]")))
+    }
+
     /// `matches`, with anything unexpected inside (a bug, here or in a library) turned into
     /// an error of this rule instead of taking the process down.
     pub(crate) fn matches_guarded(

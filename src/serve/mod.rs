@@ -22,7 +22,7 @@ use crate::{Error, admission, ops};
 /// A client for the API server (KUBECONFIG, else the in-cluster configuration) whose
 /// requests carry `User-Agent: initium/<version>`, so audit logs and API server metrics tell
 /// initium's requests apart.
-async fn api_client() -> Result<kube::Client, Error> {
+pub(crate) async fn api_client() -> Result<kube::Client, Error> {
     const CANNOT: &str = "cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)";
     if let Some(missing) = missing_kubeconfig() {
         return Err(Error::serve(missing));

@@ -189,6 +189,22 @@ impl Conditions {
         self.hold_prepared(value, &self.prepare(object)?)
     }
 
+    /// The index of the first condition that does not hold for `object` (`None`: all hold).
+    /// For `initium explain`.
+    pub(crate) fn first_failing(&self, object: &Value) -> Result<Option<usize>, MatchError> {
+        let prepared = self.prepare(object)?;
+        for (index, c) in self.0.iter().enumerate() {
+            let set = prepared.sets.get(index).and_then(Option::as_ref);
+            if !c
+                .holds(object, set)
+                .map_err(|source| MatchError::Condition { index, source })?
+            {
+                return Ok(Some(index));
+            }
+        }
+        Ok(None)
+    }
+
     /// What the `in` queries select from `object`, looked up once for many elements.
     pub(crate) fn prepare(&self, object: &Value) -> Result<Prepared, MatchError> {
         let mut sets = Vec::with_capacity(self.0.len());

@@ -108,6 +108,37 @@ impl Matcher {
     }
 }
 
+impl Matcher {
+    /// The first field (its name in the API, e.g. `labels`) that does not hold for the object;
+    /// `None` when every field holds. For `initium explain`, not the admission path.
+    pub fn first_mismatch(
+        &self,
+        subject: &Subject,
+        object: &Value,
+    ) -> Result<Option<&'static str>, MatchError> {
+        if !self.kinds.matches(subject) {
+            return Ok(Some("kinds"));
+        }
+        if !self.operations.matches(subject) {
+            return Ok(Some("operations"));
+        }
+        let candidate = Candidate::new(subject, object);
+        Ok(if !self.names.matches(&candidate) {
+            Some("names")
+        } else if !self.namespaces.matches(&candidate) {
+            Some("namespaces")
+        } else if !self.namespace_selector.matches(&candidate)? {
+            Some("namespaceSelector")
+        } else if !self.labels.matches(&candidate) {
+            Some("labels")
+        } else if !self.annotations.matches(&candidate) {
+            Some("annotations")
+        } else {
+            None
+        })
+    }
+}
+
 /// The object under admission as the match fields look at it.
 pub(crate) struct Candidate<'a> {
     subject: &'a Subject<'a>,
