@@ -776,6 +776,10 @@ spec:
     // Without rules or --cluster there is nothing to explain against: clap says so.
     let none = initium(&["explain", "-f", "examples/audit-mode/objects.yaml"]);
     assert!(!none.status.success());
-    assert!(text(&none.stderr).contains("--rules"), "{}", text(&none.stderr));
+    assert!(
+        text(&none.stderr).contains("--rules"),
+        "{}",
+        text(&none.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,9 +11,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use futures::{FutureExt, Stream, StreamExt};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
+use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::discovery::Served;
 use super::duty::{Context, Duty};
@@ -511,10 +515,43 @@ impl Rules {
     }
 }
 
-impl Duty for Rules {
-    const NAME: &'static str = "rules";
+/// After one of initium's CRDs changes, the rules are listed again after these delays: the
+/// API server serves the new schema only once it has set up the new storage, shortly after.
+const RELIST_AFTER_CRD_CHANGE: [Duration; 2] = [Duration::from_secs(2), Duration::from_secs(10)];
 
-    async fn run(&mut self, mut context: Context) -> Result<(), ControllerError> {
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The generations of initium's own CRDs, as last seen.
+#[derive(Default)]
+struct OwnCrds(HashMap<String, i64>);
+
+impl OwnCrds {
+    /// Whether `crd` is one of initium's CRDs and its generation changed since it was last
+    /// seen (the first sighting is not a change: the watches started after it).
+    fn changed(&mut self, crd: &PartialObjectMeta<CustomResourceDefinition>) -> bool {
+        let name = crd.name_any();
+        let group = crate::api::GROUP;
+        if name != format!("mutationrules.{group}")
+            && name != format!("clustermutationrules.{group}")
+        {
+            return false;
+        }
+        let generation = crd.metadata.generation.unwrap_or_default();
+        self.0
+            .insert(name, generation)
+            .is_some_and(|before| before != generation)
+    }
+}
+
+impl Rules {
+    /// The rule watches of both kinds and discovery's changes, from the start: a full list.
+    fn inputs(&self) -> futures::stream::SelectAll<futures::stream::BoxStream<'static, Input>> {
         let mut served = self.served.clone();
         // A restarted duty starts from an empty table: it needs what discovery found already,
         // not only its next change.
@@ -524,7 +561,7 @@ impl Duty for Rules {
             let value = rx.borrow_and_update().clone();
             Some((Input::Served(value), rx))
         });
-        let mut inputs = futures::stream::select_all([
+        futures::stream::select_all([
             rule_events(
                 Api::<ClusterMutationRule>::all(self.client.clone()),
                 Scope::Cluster,
@@ -536,12 +573,56 @@ impl Duty for Rules {
             )
             .boxed(),
             served_changes.boxed(),
-        ]);
+        ])
+    }
+}
+
+impl Duty for Rules {
+    const NAME: &'static str = "rules";
+
+    async fn run(&mut self, mut context: Context) -> Result<(), ControllerError> {
+        let mut inputs = self.inputs();
         let mut table = RuleTable::default();
+        // initium's own CRDs, by name: their generation, to tell when their schema changed.
+        let crds = Api::<PartialObjectMeta<CustomResourceDefinition>>::all(self.client.clone());
+        let mut crd_events = watcher(crds, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut own_crds = OwnCrds::default();
+        let mut relists: Vec<Instant> = Vec::new();
         loop {
+            let relist_due = relists.iter().copied().min();
             let input = tokio::select! {
                 () = context.stop.wait() => return Ok(()),
                 input = inputs.next() => input,
+                event = crd_events.next() => {
+                    match event {
+                        Some(Ok(watcher::Event::Apply(crd) | watcher::Event::InitApply(crd)))
+                            if own_crds.changed(&crd) =>
+                        {
+                            let now = Instant::now();
+                            relists.extend(RELIST_AFTER_CRD_CHANGE.iter().map(|d| now + *d));
+                        }
+                        Some(Err(e)) => context.failed(
+                            "watching CustomResourceDefinitions failed; retrying with backoff",
+                            &crate::report(&e),
+                        ),
+                        _ => {}
+                    }
+                    continue;
+                }
+                () = sleep_until_some(relist_due) => {
+                    let now = Instant::now();
+                    relists.retain(|t| *t > now);
+                    tracing::info!(
+                        "initium's CustomResourceDefinitions changed: listing the rules again, \
+                         so fields of the new schema are read"
+                    );
+                    // New watches: the old ones may be served by the API server's storage for
+                    // the old schema, which drops the new fields from every rule it sends.
+                    inputs = self.inputs();
+                    continue;
+                }
             };
             let Some(input) = input else {
                 return Err(ControllerError::Task {
@@ -574,6 +655,30 @@ mod tests {
             "mutations": [{"merge": {"metadata": {"labels": {"a": "b"}}}}],
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_new_generation_of_initiums_own_crds_is_a_change_and_the_first_sighting_is_not() {
+        let crd = |name: &str, generation: i64| {
+            let mut meta = PartialObjectMeta::<CustomResourceDefinition>::default();
+            meta.metadata.name = Some(name.into());
+            meta.metadata.generation = Some(generation);
+            meta
+        };
+        let mut own = OwnCrds::default();
+        assert!(!own.changed(&crd("mutationrules.initium.dev", 1)));
+        assert!(
+            !own.changed(&crd("mutationrules.initium.dev", 1)),
+            "same generation"
+        );
+        assert!(own.changed(&crd("mutationrules.initium.dev", 2)));
+        assert!(!own.changed(&crd("clustermutationrules.initium.dev", 5)));
+        assert!(own.changed(&crd("clustermutationrules.initium.dev", 6)));
+        assert!(!own.changed(&crd("widgets.example.com", 1)));
+        assert!(
+            !own.changed(&crd("widgets.example.com", 2)),
+            "not initium's"
+        );
     }
 
     fn verdict_of(id: RuleId, spec: &RuleSpec) -> Verdict {
