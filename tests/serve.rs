@@ -1215,9 +1215,9 @@ fn explain_cluster_reads_the_rules_and_namespace_labels_of_the_cluster() {
         kubectl(&["label", "namespace", &team, "env=prod"]),
         "label namespace",
     );
-    apply(&format!(
-        "apiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {{name: prod-only}}\nspec:\n  match: {{kinds: [Pod], namespaceSelector: {{matchLabels: {{env: prod}}}}}}\n  mutations: [{{merge: {{metadata: {{labels: {{tier: prod}}}}}}}}]\n---\napiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {{name: staging-only}}\nspec:\n  match: {{kinds: [Pod], namespaceSelector: {{matchLabels: {{env: staging}}}}}}\n  mutations: [{{merge: {{metadata: {{labels: {{tier: staging}}}}}}}}]\n---\napiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {{name: unserved}}\nspec:\n  match: {{kinds: [example.com/v1/Widget]}}\n  mutations: [{{merge: {{metadata: {{labels: {{a: b}}}}}}}}]\n"
-    ));
+    apply(
+        "apiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {name: prod-only}\nspec:\n  match: {kinds: [Pod], namespaceSelector: {matchLabels: {env: prod}}}\n  mutations: [{merge: {metadata: {labels: {tier: prod}}}}]\n---\napiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {name: staging-only}\nspec:\n  match: {kinds: [Pod], namespaceSelector: {matchLabels: {env: staging}}}\n  mutations: [{merge: {metadata: {labels: {tier: staging}}}}]\n---\napiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {name: unserved}\nspec:\n  match: {kinds: [example.com/v1/Widget]}\n  mutations: [{merge: {metadata: {labels: {a: b}}}}]\n",
+    );
     eventually_blocking("the rules' status", Duration::from_secs(20), || {
         is(
             (
