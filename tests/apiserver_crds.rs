@@ -240,6 +240,8 @@ struct ExampleRule {
     namespace: String,
     priority: String,
     kinds: String,
+    /// `Enforce` (the default the schema fills in) or `Audit`.
+    mode: String,
 }
 
 fn example_rule_files() -> Vec<PathBuf> {
@@ -271,6 +273,10 @@ fn example_rules(file: &Path) -> Vec<ExampleRule> {
                     .to_string(),
                 priority: doc["spec"]["priority"].as_i64().unwrap_or(100).to_string(),
                 kinds: serde_json::to_string(&doc["spec"]["match"]["kinds"]).unwrap(),
+                mode: doc["spec"]["mode"]
+                    .as_str()
+                    .unwrap_or("Enforce")
+                    .to_string(),
             }
         })
         .collect()
@@ -336,7 +342,15 @@ fn example_rules_apply_and_kubectl_get_shows_them_with_printer_columns() {
     for table in &tables {
         assert_eq!(
             table.header,
-            ["NAMESPACE", "NAME", "PRIORITY", "KINDS", "READY", "AGE"],
+            [
+                "NAMESPACE",
+                "NAME",
+                "PRIORITY",
+                "KINDS",
+                "MODE",
+                "READY",
+                "AGE"
+            ],
             "header of `kubectl get mr,cmr -A`:\n{all}"
         );
     }
@@ -349,6 +363,7 @@ fn example_rules_apply_and_kubectl_get_shows_them_with_printer_columns() {
         assert_eq!(row["NAMESPACE"], rule.namespace, "{rule:?}\n{all}");
         assert_eq!(row["PRIORITY"], rule.priority, "{rule:?}\n{all}");
         assert_eq!(row["KINDS"], rule.kinds, "{rule:?}\n{all}");
+        assert_eq!(row["MODE"], rule.mode, "{rule:?}\n{all}");
     }
 
     // `-o name` lists every rule.
@@ -367,7 +382,7 @@ fn example_rules_apply_and_kubectl_get_shows_them_with_printer_columns() {
     assert_eq!(tables.len(), 1, "{cmr}");
     assert_eq!(
         tables[0].header,
-        ["NAME", "PRIORITY", "KINDS", "READY", "AGE"],
+        ["NAME", "PRIORITY", "KINDS", "MODE", "READY", "AGE"],
         "header of `kubectl get cmr`:\n{cmr}"
     );
     for rule in rules.iter().filter(|r| r.namespace.is_empty()) {
@@ -833,13 +848,14 @@ async fn status_is_written_only_through_the_status_subresource() {
     assert_eq!(tables.len(), 1, "{shown}");
     assert_eq!(
         tables[0].header,
-        ["NAME", "PRIORITY", "KINDS", "READY", "AGE"],
+        ["NAME", "PRIORITY", "KINDS", "MODE", "READY", "AGE"],
         "{shown}"
     );
     let row = &tables[0].rows[0];
     assert_eq!(row["NAME"], name, "{shown}");
     assert_eq!(row["PRIORITY"], "100", "{shown}");
     assert_eq!(row["KINDS"], r#"["Pod"]"#, "{shown}");
+    assert_eq!(row["MODE"], "Enforce", "the schema's default: {shown}");
     assert_eq!(row["READY"], "True", "{shown}");
 
     // Through the main resource, status is ignored (spec and metadata changes still apply)...
