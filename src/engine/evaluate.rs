@@ -161,14 +161,7 @@ impl RuleIndex {
         deadline: Option<Instant>,
         limits: &Limits,
     ) -> Result<Outcome, Denial> {
-        let namespace = if subject.gvk.group.is_empty() && subject.gvk.kind == "Namespace" {
-            subject
-                .name
-                .filter(|n| !n.is_empty())
-                .or_else(|| object.pointer("/metadata/name").and_then(Value::as_str))
-        } else {
-            subject.namespace.filter(|n| !n.is_empty())
-        };
+        let namespace = rules_namespace(subject, &object);
         let namespaced_object = subject.namespace.is_some_and(|n| !n.is_empty());
         let candidates = self.candidates(subject.gvk, namespace, namespaced_object);
 
@@ -362,6 +355,19 @@ pub(super) fn audit(
         corrupted @ RuleResult::Corrupted(_) => return Err(corrupted),
     };
     Ok(Some((Audited { rule, verdict }, out_of_time)))
+}
+
+/// The namespace whose MutationRules apply to the object: its own, or for a Namespace object
+/// its name (at admission it may be only in the object).
+pub(super) fn rules_namespace<'a>(subject: &Subject<'a>, object: &'a Value) -> Option<&'a str> {
+    if subject.gvk.group.is_empty() && subject.gvk.kind == "Namespace" {
+        subject
+            .name
+            .filter(|n| !n.is_empty())
+            .or_else(|| object.pointer("/metadata/name").and_then(Value::as_str))
+    } else {
+        subject.namespace.filter(|n| !n.is_empty())
+    }
 }
 
 /// How many candidate rules run between two looks at the clock.

@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::api::{FailurePolicy, Mode};
 
 use super::error::sanitize;
-use super::evaluate::{Verdict, audit};
+use super::evaluate::{Verdict, audit, rules_namespace};
 use super::index::RuleIndex;
 use super::limits::{Limits, Meter};
 use super::rule::{RuleId, RuleResult, Subject};
@@ -48,18 +48,7 @@ impl RuleIndex {
     /// Every rule of the index, in order, and what it did to `object` or why it did not
     /// apply; and the object after all of them. No deadline: time is not part of the answer.
     pub fn explain(&self, subject: &Subject, object: Value, limits: &Limits) -> (Vec<Step>, Value) {
-        let namespace = if subject.gvk.group.is_empty() && subject.gvk.kind == "Namespace" {
-            subject
-                .name
-                .filter(|n| !n.is_empty())
-                .or_else(|| object.pointer("/metadata/name").and_then(Value::as_str))
-                .map(str::to_string)
-        } else {
-            subject
-                .namespace
-                .filter(|n| !n.is_empty())
-                .map(str::to_string)
-        };
+        let namespace = rules_namespace(subject, &object).map(str::to_string);
         let namespaced_object = subject.namespace.is_some_and(|n| !n.is_empty());
         let mut doc = object;
         let mut meter = Meter::new(limits, None);
