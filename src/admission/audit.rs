@@ -44,25 +44,16 @@ impl AuditTally {
         }
         let mut rules = self.rules.lock().unwrap_or_else(PoisonError::into_inner);
         for a in audited {
-            let tally = match &a.verdict {
-                Verdict::Unchanged => continue,
-                _ => rules.entry(a.rule.clone()).or_default(),
-            };
-            match &a.verdict {
-                Verdict::Unchanged => {}
-                Verdict::WouldChange(_) => {
-                    tally.would_change += 1;
-                    if tally.change_example.is_none() {
-                        tally.change_example = Some(example(object, a));
-                    }
-                }
-                Verdict::WouldFail { .. } => {
-                    tally.would_fail += 1;
-                    if tally.failure_example.is_none() {
-                        tally.failure_example = Some(example(object, a));
-                    }
-                }
+            if matches!(a.verdict, Verdict::Unchanged) {
+                continue;
             }
+            let tally = rules.entry(a.rule.clone()).or_default();
+            let (count, first) = match &a.verdict {
+                Verdict::WouldFail { .. } => (&mut tally.would_fail, &mut tally.failure_example),
+                _ => (&mut tally.would_change, &mut tally.change_example),
+            };
+            *count += 1;
+            first.get_or_insert_with(|| example(object, a));
         }
     }
 
