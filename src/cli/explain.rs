@@ -197,6 +197,23 @@ mod cluster {
         runtime.block_on(fetch_async(objects, default_namespace))
     }
 
+    /// `object` as an input document, with the apiVersion and kind a list or a typed read
+    /// leaves out.
+    fn document(
+        object: &impl serde::Serialize,
+        api_version: &str,
+        kind: &str,
+        what: String,
+    ) -> Document {
+        let mut value = serde_json::to_value(object).unwrap_or(Value::Null);
+        value["apiVersion"] = Value::from(api_version);
+        value["kind"] = Value::from(kind);
+        Document {
+            origin: format!("cluster: {what}"),
+            value,
+        }
+    }
+
     fn failed(what: String, e: kube::Error) -> Error {
         Error::serve(format!("cannot {what}: {}", crate::report(&e)))
     }
@@ -217,15 +234,14 @@ mod cluster {
                 .await
                 .map_err(|e| failed(format!("list {plural}"), e))?;
             for item in list.items {
-                let mut value = serde_json::to_value(&item).unwrap_or(Value::Null);
-                value["apiVersion"] = Value::from(API_VERSION);
-                value["kind"] = Value::from(kind);
                 let name = item.metadata.name.clone().unwrap_or_default();
                 let id = match &item.metadata.namespace {
                     Some(ns) => format!("{kind} {ns}/{name}"),
                     None => format!("{kind} {name}"),
                 };
-                let ready = value
+                let doc = document(&item, API_VERSION, kind, id.clone());
+                let ready = doc
+                    .value
                     .pointer("/status/conditions")
                     .and_then(Value::as_array)
                     .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
@@ -241,10 +257,7 @@ mod cluster {
                         not_ready.insert(id.clone(), "initium has not written a status".into());
                     }
                 }
-                rules.push(Document {
-                    origin: format!("cluster: {id}"),
-                    value,
-                });
+                rules.push(doc);
             }
         }
         let mut context = Vec::new();
@@ -267,13 +280,12 @@ mod cluster {
                 .await
                 .map_err(|e| failed(format!("read namespace {ns}"), e))?
             {
-                let mut value = serde_json::to_value(&found).unwrap_or(Value::Null);
-                value["apiVersion"] = Value::from("v1");
-                value["kind"] = Value::from("Namespace");
-                context.push(Document {
-                    origin: format!("cluster: Namespace {ns}"),
-                    value,
-                });
+                context.push(document(
+                    &found,
+                    "v1",
+                    "Namespace",
+                    format!("Namespace {ns}"),
+                ));
             }
         }
         // The ConfigMaps the rules look up: named ones, and for a lookup without a namespace,
@@ -300,13 +312,12 @@ mod cluster {
                 .await
                 .map_err(|e| failed(format!("read ConfigMap {ns}/{name}"), e))?
             {
-                let mut value = serde_json::to_value(&found).unwrap_or(Value::Null);
-                value["apiVersion"] = Value::from("v1");
-                value["kind"] = Value::from("ConfigMap");
-                context.push(Document {
-                    origin: format!("cluster: ConfigMap {ns}/{name}"),
-                    value,
-                });
+                context.push(document(
+                    &found,
+                    "v1",
+                    "ConfigMap",
+                    format!("ConfigMap {ns}/{name}"),
+                ));
             }
         }
         Ok(Fetched {
