@@ -756,6 +756,79 @@ fn with_initium_stopped_ignore_rules_let_pods_through_and_fail_rules_reject_them
     assert!(stderr.contains("failed calling webhook"), "{stderr}");
 }
 
+/// How many times the API server has called each mutating webhook (its own
+/// `apiserver_admission_webhook_request_total`, reinvocations included): (Fail, Ignore).
+fn initium_webhook_calls() -> (f64, f64) {
+    let metrics = ok(kubectl(&["get", "--raw", "/metrics"]), "get /metrics");
+    let calls = |webhook: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("apiserver_admission_webhook_request_total{"))
+            .filter(|l| l.contains(&format!("name=\"{webhook}\"")) && l.contains("type=\"admit\""))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    (calls("fail.initium.dev"), calls("ignore.initium.dev"))
+}
+
+#[test]
+fn each_pod_is_sent_to_initium_once_even_where_fail_and_ignore_rules_both_apply() {
+    let _serial = serial_blocking();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let _initium = Initium::start(&unique("initium-e2e"), &own, &[]);
+    let soft = namespace("soft");
+    let strict = namespace("strict");
+    // An Ignore rule for Pods in every namespace beside the Fail rule in `strict`: both
+    // webhooks cover Pod creation, and a Pod in `strict` matches rules of both kinds.
+    apply(&optional_and_required_rules(&soft, &strict));
+    apply(&format!(
+        r#"apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {{name: everywhere-{soft}}}
+spec:
+  match: {{kinds: [Pod], namespaces: ["{soft}", "{strict}"]}}
+  mutations: [{{merge: {{metadata: {{labels: {{everywhere: "yes"}}}}}}}}]
+"#
+    ));
+    eventually_blocking("all three rules in effect", Duration::from_secs(10), || {
+        let strict_pod = dry_run(&pod_yaml(&strict, "p"));
+        is(
+            [
+                dry_run(&pod_yaml(&soft, "p"))["metadata"]["labels"]["soft"].clone(),
+                strict_pod["metadata"]["labels"]["strict"].clone(),
+                strict_pod["metadata"]["labels"]["everywhere"].clone(),
+            ],
+            ["yes", "yes", "yes"],
+        )
+    });
+    let (fail_before, ignore_before) = initium_webhook_calls();
+    let pod = create(&pod_yaml(&strict, "both-kinds"));
+    let (fail_after, ignore_after) = initium_webhook_calls();
+    assert_eq!(
+        (fail_after - fail_before, ignore_after - ignore_before),
+        (1.0, 0.0),
+        "a Pod in {strict} goes to fail.initium.dev once and never to ignore.initium.dev"
+    );
+    assert_eq!(
+        [
+            &pod["metadata"]["labels"]["strict"],
+            &pod["metadata"]["labels"]["everywhere"]
+        ],
+        ["yes", "yes"],
+        "the one call applied the Fail rule and the Ignore rule: {pod}"
+    );
+    let pod = create(&pod_yaml(&soft, "ignore-only"));
+    let (fail_last, ignore_last) = initium_webhook_calls();
+    assert_eq!(
+        (fail_last - fail_after, ignore_last - ignore_after),
+        (0.0, 1.0),
+        "a Pod in {soft} goes to ignore.initium.dev once"
+    );
+    assert_eq!(pod["metadata"]["labels"]["soft"], "yes", "{pod}");
+}
+
 #[test]
 fn a_tiny_budget_warns_for_ignore_rules_and_denies_for_fail_rules() {
     let _serial = serial_blocking();

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+    ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
@@ -308,10 +308,13 @@ pub fn desired_mutating(
     let mut ignore = coverage(rules, served, FailurePolicy::Ignore);
     // While initium is down, `fail.initium.dev` rejects what it covers. A namespace owner's
     // Fail rule must not make that happen in every namespace, so when every Fail rule is
-    // limited to known namespaces the webhook covers only those. Then the same request can
-    // also go to `ignore.initium.dev`; that is harmless (rules are idempotent). When some
+    // limited to known namespaces the webhook covers only those, and `ignore.initium.dev`
+    // gets a match condition that leaves out exactly the requests `fail.initium.dev` takes
+    // (those namespaces, those resources and operations): every request reaches initium
+    // once, which is both cheaper for the API server and what `/mutate` expects (it
+    // evaluates every rule, Fail and Ignore alike, whichever webhook called it). When some
     // Fail rule may apply anywhere, the Fail webhook covers everything it needs and the
-    // Ignore webhook drops those resources and operations, so nothing is sent twice.
+    // Ignore webhook drops those resources and operations.
     let fail_namespaces: Option<BTreeSet<String>> = rules
         .iter()
         .filter(|r| r.failure_policy == FailurePolicy::Fail)
@@ -319,11 +322,17 @@ pub fn desired_mutating(
             all.extend(r.namespaces.clone()?);
             Some(all)
         });
-    if fail_namespaces.is_none() {
-        for (resource, operations) in &fail {
-            if let Some(ignored) = ignore.get_mut(resource) {
-                ignored.retain(|op| !operations.contains(op));
+    let mut ignore_conditions = None;
+    match &fail_namespaces {
+        None => {
+            for (resource, operations) in &fail {
+                if let Some(ignored) = ignore.get_mut(resource) {
+                    ignored.retain(|op| !operations.contains(op));
+                }
             }
+        }
+        Some(namespaces) => {
+            ignore_conditions = not_sent_to_fail_webhook(namespaces, &fail, &ignore);
         }
     }
     ignore.retain(|_, operations| !operations.is_empty());
@@ -351,23 +360,25 @@ pub fn desired_mutating(
             match_labels: None,
         },
     };
-    let webhook = |name: &str,
-                   policy: FailurePolicy,
-                   coverage: &Coverage,
-                   namespace_selector: &LabelSelector| MutatingWebhook {
-        name: name.into(),
-        admission_review_versions: vec!["v1".into()],
-        client_config: config.endpoint.client_config(MUTATE_PATH, ca_bundle),
-        failure_policy: Some(policy_name(policy).into()),
-        match_conditions: None,
-        match_policy: Some("Equivalent".into()),
-        namespace_selector: Some(namespace_selector.clone()),
-        object_selector: Some(LabelSelector::default()),
-        reinvocation_policy: Some("IfNeeded".into()),
-        rules: Some(webhook_rules(coverage)),
-        side_effects: "None".into(),
-        timeout_seconds: Some(webhook_timeout_seconds(budget)),
-    };
+    let webhook =
+        |name: &str,
+         policy: FailurePolicy,
+         coverage: &Coverage,
+         namespace_selector: &LabelSelector,
+         match_conditions: Option<Vec<MatchCondition>>| MutatingWebhook {
+            name: name.into(),
+            admission_review_versions: vec!["v1".into()],
+            client_config: config.endpoint.client_config(MUTATE_PATH, ca_bundle),
+            failure_policy: Some(policy_name(policy).into()),
+            match_conditions,
+            match_policy: Some("Equivalent".into()),
+            namespace_selector: Some(namespace_selector.clone()),
+            object_selector: Some(LabelSelector::default()),
+            reinvocation_policy: Some("IfNeeded".into()),
+            rules: Some(webhook_rules(coverage)),
+            side_effects: "None".into(),
+            timeout_seconds: Some(webhook_timeout_seconds(budget)),
+        };
     let mut webhooks = Vec::new();
     if !fail.is_empty() {
         webhooks.push(webhook(
@@ -375,6 +386,7 @@ pub fn desired_mutating(
             FailurePolicy::Fail,
             &fail,
             &fail_selector,
+            None,
         ));
     }
     if !ignore.is_empty() {
@@ -383,6 +395,7 @@ pub fn desired_mutating(
             FailurePolicy::Ignore,
             &ignore,
             &namespace_selector,
+            ignore_conditions,
         ));
     }
     MutatingWebhookConfiguration {
@@ -393,6 +406,47 @@ pub fn desired_mutating(
         },
         webhooks: Some(webhooks),
     }
+}
+
+/// Name of the match condition that keeps `ignore.initium.dev` from the requests
+/// `fail.initium.dev` already takes.
+pub const NOT_SENT_TO_FAIL_WEBHOOK: &str = "not-sent-to-fail.initium.dev";
+
+/// The match condition for `ignore.initium.dev` when `fail.initium.dev` covers only
+/// `namespaces`: false for a request in one of them whose resource and operation both
+/// webhooks cover. `None` when the two do not overlap. The API server evaluates it in CEL
+/// before calling; names and groups are DNS names, so quoting them needs no escaping.
+fn not_sent_to_fail_webhook(
+    namespaces: &BTreeSet<String>,
+    fail: &Coverage,
+    ignore: &Coverage,
+) -> Option<Vec<MatchCondition>> {
+    let mut both: Vec<String> = Vec::new();
+    for ((group, _version, resource), operations) in ignore {
+        let covered = fail
+            .iter()
+            .filter(|((g, _, r), _)| g == group && r == resource)
+            .flat_map(|(_, ops)| ops.iter());
+        for op in covered.filter(|op| operations.contains(op)) {
+            let key = format!("'{group}/{resource}/{}'", op.as_str());
+            if !both.contains(&key) {
+                both.push(key);
+            }
+        }
+    }
+    if both.is_empty() || namespaces.is_empty() {
+        return None;
+    }
+    both.sort();
+    let namespaces: Vec<String> = namespaces.iter().map(|n| format!("'{n}'")).collect();
+    Some(vec![MatchCondition {
+        name: NOT_SENT_TO_FAIL_WEBHOOK.into(),
+        expression: format!(
+            "!(request.namespace in [{}] && request.resource.group + '/' + request.resource.resource + '/' + request.operation in [{}])",
+            namespaces.join(", "),
+            both.join(", ")
+        ),
+    }])
 }
 
 /// The ValidatingWebhookConfiguration that sends every rule to `/validate`. Rules in every
@@ -810,6 +864,22 @@ mod tests {
                 "ignore.initium.dev: /v1 pods [CREATE]"
             ]
         );
+        assert_eq!(webhooks[0].match_conditions, None);
+        assert_eq!(
+            webhooks[1].match_conditions,
+            Some(vec![MatchCondition {
+                name: NOT_SENT_TO_FAIL_WEBHOOK.into(),
+                expression: "!(request.namespace in ['strict'] && request.resource.group + '/' + request.resource.resource + '/' + request.operation in ['/pods/CREATE'])".into(),
+            }]),
+            "a Pod created in `strict` goes to the Fail webhook only, not to both"
+        );
+        // Ignore rules for what no Fail rule needs get no condition.
+        let mut updates = needs(&["Pod"], &[Operation::Update], FailurePolicy::Ignore);
+        updates.namespaces = None;
+        let configuration = mutating(&[strict.clone(), updates]);
+        let webhooks = configuration.webhooks.unwrap_or_default();
+        assert_eq!(webhooks[1].name, IGNORE_WEBHOOK);
+        assert_eq!(webhooks[1].match_conditions, None);
         // A Fail rule that may apply anywhere takes the whole resource.
         let anywhere = needs(&["Pod"], &[Operation::Create], FailurePolicy::Fail);
         let configuration = mutating(&[strict, soft, anywhere]);
