@@ -399,12 +399,19 @@ fn run(args: &Args) -> Result<()> {
     eprintln!("bench: every configuration is in effect");
 
     let measured = if args.rollout {
-        Measured::Rollouts(runtime.block_on(rollout::measure(args, &client, &configs))?)
+        let before = apiserver::Snapshot::read(&plane)?;
+        let rollouts = runtime.block_on(rollout::measure(args, &client, &configs))?;
+        let after = apiserver::Snapshot::read(&plane)?;
+        // The Pods of the measured rollouts and of the one-replica check before them (the
+        // ReplicaSet controller creates each once).
+        let pods = u64::from(args.rounds * args.replicas + 1);
+        let admission = apiserver::Admission::between(&before, &after, 2 * pods, pods);
+        Measured::Rollouts(rollouts, admission)
     } else {
         let mut runs = Vec::new();
         for run in 0..args.runs {
             let before = apiserver::Snapshot::read(&plane)?;
-            let latencies = runtime.block_on(measure(args, &client, &configs))?;
+            let latencies = runtime.block_on(measure(args, &client, &configs, run))?;
             let after = apiserver::Snapshot::read(&plane)?;
             // Every Pod created in a configuration's namespace, warm-up included.
             let created = |name: &str| {
@@ -438,7 +445,9 @@ fn run(args: &Args) -> Result<()> {
     drop(plane);
     match measured {
         Measured::Creates(runs) => report(args, &configs, runs, memory),
-        Measured::Rollouts(seconds) => rollout::report(args, &configs, &seconds, &memory),
+        Measured::Rollouts(seconds, admission) => {
+            rollout::report(args, &configs, &seconds, &memory, &admission)
+        }
     }
 }
 
@@ -446,7 +455,7 @@ fn run(args: &Args) -> Result<()> {
 /// view of each), or Deployment rollout times (`--rollout`).
 enum Measured {
     Creates(Vec<(Latencies, apiserver::Admission)>),
-    Rollouts(rollout::Rollouts),
+    Rollouts(rollout::Rollouts, apiserver::Admission),
 }
 
 /// Peak resident memory of the webhook servers over the run (VmHWM).
@@ -554,11 +563,17 @@ impl Drop for Kyverno {
 /// Latencies in microseconds, by configuration name.
 type Latencies = BTreeMap<&'static str, Vec<u32>>;
 
-async fn measure(args: &Args, client: &kube::Client, configs: &[Config]) -> Result<Latencies> {
+/// One run; `run` keeps Pod names of different runs apart (Pods are not deleted).
+async fn measure(
+    args: &Args,
+    client: &kube::Client,
+    configs: &[Config],
+    run: u32,
+) -> Result<Latencies> {
     let mut measured: Latencies = configs.iter().map(|c| (c.name, Vec::new())).collect();
     let warmup_rounds = args.warmup.div_ceil(args.batch);
     let rounds = args.pods.div_ceil(args.batch);
-    let mut serial = 0u64;
+    let mut serial = u64::from(run) * 1_000_000;
     for round in 0..warmup_rounds + rounds {
         let first = round as usize % configs.len();
         for i in 0..configs.len() {

@@ -32,6 +32,14 @@
 //!     scripts/bench gate [--deployments 10] [--replicas 100] [--nodes 5] [--timeout-seconds S]
 //!     cargo bench --bench gate -- --deployments 2 --replicas 20
 //!
+//! With `--floor`, the same run with the benchmark, not initium, removing the gates: the rule
+//! waits for a Service that never gets an endpoint, so initium gates every Pod and holds it,
+//! and the moment the backend's endpoint is seen ready the benchmark writes the same merge
+//! patch initium writes (gate and gated label removed), `--floor-concurrency` writes in
+//! flight (64, initium's default `--gate-release-concurrency`). Everything else is the same
+//! cluster doing the same work, so its release latencies are what a plain client gets from
+//! this API server on this machine: the floor under initium's figures.
+//!
 //! If Pods are not released within `--timeout-seconds` of the endpoint being ready (no gate
 //! controller running, say), it reports what it measured, says so, and exits with status 1.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
@@ -81,6 +89,14 @@ struct Args {
     /// window over which initium's requests are counted.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3_600))]
     hold_seconds: u64,
+    /// The benchmark removes the gates itself instead of initium (see the module
+    /// documentation): the floor a plain client reaches on this machine.
+    #[arg(long)]
+    floor: bool,
+    /// With --floor: release writes in flight.
+    #[arg(long, default_value_t = 64, requires = "floor",
+          value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    floor_concurrency: u32,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -135,8 +151,14 @@ fn gate() -> String {
     format!("{GATE_PREFIX}{NAMESPACE}.{RULE}")
 }
 
-/// The gate rule: every Pod of the namespace but the backend's waits for the Service.
-fn rule() -> Value {
+/// The Service the rule waits for with --floor: never created, so initium holds every Pod
+/// and the benchmark is the only one to release them.
+const NEVER_READY: &str = "never-ready";
+
+/// The gate rule: every Pod of the namespace but the backend's waits for the Service
+/// (`backend`, or with --floor one that never gets an endpoint).
+fn rule(floor: bool) -> Value {
+    let service = if floor { NEVER_READY } else { BACKEND };
     json!({
         "apiVersion": "initium.dev/v1alpha1",
         "kind": "MutationRule",
@@ -145,7 +167,7 @@ fn rule() -> Value {
             "match": {"kinds": ["Pod"]},
             // The backend's Pods must not wait for themselves.
             "exclude": {"labels": {"matchLabels": {"app": BACKEND}}},
-            "gate": {"waitFor": [{"service": {"name": BACKEND}}], "timeout": "10m"},
+            "gate": {"waitFor": [{"service": {"name": service}}], "timeout": "10m"},
         }
     })
 }
@@ -611,7 +633,7 @@ fn run(args: &Args) -> Result<bool> {
     plane.install_crds()?;
     plane.ensure_namespace(NAMESPACE, &[])?;
     let client = runtime.block_on(bench_client(&plane.kubeconfig))?;
-    runtime.block_on(create_rules(&client, &[rule()], 1))?;
+    runtime.block_on(create_rules(&client, &[rule(args.floor)], 1))?;
 
     let log = std::env::temp_dir().join(format!("initium-bench-gate-{}.log", std::process::id()));
     let initium = Initium::start(
@@ -900,6 +922,9 @@ async fn release_phase(
     eprintln!(
         "bench: the backend's endpoint was ready after {endpoint_ready_s:.2}s; waiting for the releases"
     );
+    if args.floor {
+        release_all(client, seen, args.floor_concurrency as usize).await?;
+    }
 
     let released =
         |map: &BTreeMap<String, Seen>| map.values().filter(|s| s.released.is_some()).count();
@@ -970,6 +995,32 @@ async fn release_phase(
     })
 }
 
+/// With --floor: removes the gate and the gated label from every Pod seen, `concurrency`
+/// writes in flight, with the merge patch initium writes (without its resourceVersion
+/// precondition: nobody else writes these Pods).
+async fn release_all(client: &kube::Client, seen: &PodsSeen, concurrency: usize) -> Result<()> {
+    let names: Vec<String> = seen.lock().expect("not poisoned").keys().cloned().collect();
+    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let patch = json!({
+        "metadata": {"labels": {GATED_LABEL: null}},
+        "spec": {"schedulingGates": null},
+    });
+    let params = kube::api::PatchParams::default();
+    let results: Vec<Result<()>> = futures::stream::iter(names.iter().map(|name| {
+        let (api, patch, params) = (&api, &patch, &params);
+        async move {
+            api.patch(name, params, &kube::api::Patch::Merge(patch))
+                .await
+                .with_context(|| format!("cannot release Pod {NAMESPACE}/{name}"))?;
+            Ok(())
+        }
+    }))
+    .buffer_unordered(concurrency)
+    .collect()
+    .await;
+    results.into_iter().collect()
+}
+
 /// The human summary, then one JSON line.
 #[allow(clippy::too_many_arguments)]
 fn report(
@@ -996,6 +1047,12 @@ fn report(
     let goal_zero_get_list = release.incomplete.is_none().then_some(get_list_wait == 0);
 
     println!("gate benchmark: {}", machine());
+    if args.floor {
+        println!(
+            "  FLOOR: the benchmark, not initium, removes the gates ({} writes in flight); initium only holds the Pods",
+            args.floor_concurrency
+        );
+    }
     println!(
         "  {} Deployments x {} replicas = {pods} Pods gated by one MutationRule until Service {BACKEND} has a ready endpoint; {} simulated nodes",
         args.deployments, args.replicas, args.nodes
@@ -1097,6 +1154,8 @@ fn report(
         "replicas": args.replicas,
         "pods": pods,
         "nodes": args.nodes,
+        "releaser": if args.floor { "benchmark" } else { "initium" },
+        "floor_concurrency": args.floor.then_some(args.floor_concurrency),
         "complete": release.incomplete.is_none(),
         "wait": {
             "all_gated_s": round(wait.all_gated_s, 2),

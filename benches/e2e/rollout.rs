@@ -253,7 +253,13 @@ impl Summary {
 }
 
 /// The human summary, then one JSON line.
-pub fn report(args: &Args, configs: &[Config], measured: &Rollouts, memory: &Memory) -> Result<()> {
+pub fn report(
+    args: &Args,
+    configs: &[Config],
+    measured: &Rollouts,
+    memory: &Memory,
+    admission: &super::apiserver::Admission,
+) -> Result<()> {
     let summaries: BTreeMap<&str, Summary> = measured
         .iter()
         .map(|(name, seconds)| Ok((*name, Summary::new(seconds)?)))
@@ -313,9 +319,11 @@ pub fn report(args: &Args, configs: &[Config], measured: &Rollouts, memory: &Mem
             "  map adds {map_added_ms:.0} ms (median), within that spread: the ratio is noise, the goal undecided"
         );
     }
+    admission.print();
     let (initium_mib, kyverno_mib) = memory.print_peaks();
     let line = json!({
         "bench": "e2e-rollout",
+        "apiserver": admission.json(),
         "replicas": args.replicas,
         "rounds": args.rounds,
         "nodes": NODES,
