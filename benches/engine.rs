@@ -1,5 +1,8 @@
 //! Engine benchmark: one admission of a ~4 KB Pod against 10 / 100 / 1,000 / 10,000 rules
-//! of which 10 match: evaluate every rule and write the JSON patch. Run with
+//! of which 10 match: evaluate every rule and write the JSON patch. Two workloads: rules
+//! spread over kinds and namespaces (`evaluate_pod_*`: the index rules most out by kind and
+//! namespace), and 1,000 / 10,000 rules all for Pods in the Pod's namespace
+//! (`same_bucket_pod_*`: each must be ruled out by what it matches). Run with
 //! `cargo bench --bench engine`. It uses the allocator the `initium` binary uses.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
@@ -18,8 +21,8 @@ use initium::api::Operation;
 use initium::engine::{Gvk, RanBefore, RuleIndex, Subject, compile_document};
 use support::fixtures;
 
-fn index(total: usize) -> RuleIndex {
-    let compiled = fixtures::rules(total)
+fn index(rules: Vec<serde_json::Value>) -> RuleIndex {
+    let compiled = rules
         .iter()
         .map(|doc| compile_document(doc, "default").unwrap_or_else(|e| panic!("{e}")))
         .collect();
@@ -27,6 +30,27 @@ fn index(total: usize) -> RuleIndex {
 }
 
 fn admission(c: &mut Criterion) {
+    measure(
+        c,
+        "evaluate_pod",
+        &[10, 100, 1_000, 10_000],
+        fixtures::rules,
+    );
+    measure(
+        c,
+        "same_bucket_pod",
+        &[1_000, 10_000],
+        fixtures::same_bucket_rules,
+    );
+}
+
+/// One benchmark group `{name}_{pod bytes}b`: an admission of the Pod against each rule set.
+fn measure(
+    c: &mut Criterion,
+    name: &str,
+    totals: &[usize],
+    rules: fn(usize) -> Vec<serde_json::Value>,
+) {
     let pod = fixtures::pod();
     let size = serde_json::to_vec(&pod)
         .map(|v| v.len())
@@ -41,9 +65,9 @@ fn admission(c: &mut Criterion) {
         ran_before: RanBefore::Listed { stored: None },
         lookups: None,
     };
-    let mut group = c.benchmark_group(format!("evaluate_pod_{size}b"));
-    for total in [10usize, 100, 1_000, 10_000] {
-        let index = index(total);
+    let mut group = c.benchmark_group(format!("{name}_{size}b"));
+    for &total in totals {
+        let index = index(rules(total));
         let outcome = index
             .evaluate(&subject, pod.clone(), None)
             .unwrap_or_else(|d| panic!("{d}"));

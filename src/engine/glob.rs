@@ -20,6 +20,24 @@ impl Glob {
         self.literal.then(|| self.pattern.iter().collect())
     }
 
+    /// The characters before the first wildcard: every text it matches starts with them.
+    pub fn literal_prefix(&self) -> String {
+        self.pattern
+            .iter()
+            .take_while(|c| !matches!(c, '*' | '?'))
+            .collect()
+    }
+
+    /// The characters after the last wildcard: every text it matches ends with them.
+    pub fn literal_suffix(&self) -> String {
+        let start = self
+            .pattern
+            .iter()
+            .rposition(|c| matches!(c, '*' | '?'))
+            .map_or(0, |at| at + 1);
+        self.pattern[start..].iter().collect()
+    }
+
     pub fn matches(&self, text: &str) -> bool {
         if self.literal {
             return self.pattern.iter().copied().eq(text.chars());
@@ -86,5 +104,18 @@ mod tests {
             Some("kube-system")
         );
         assert_eq!(Glob::new("team-*").literal(), None);
+    }
+
+    #[test]
+    fn affixes_are_what_every_match_starts_and_ends_with() {
+        let affixes = |p: &str| {
+            let g = Glob::new(p);
+            (g.literal_prefix(), g.literal_suffix())
+        };
+        assert_eq!(affixes("web-*"), ("web-".into(), String::new()));
+        assert_eq!(affixes("*-canary"), (String::new(), "-canary".into()));
+        assert_eq!(affixes("a?b*c"), ("a".into(), "c".into()));
+        assert_eq!(affixes("exact"), ("exact".into(), "exact".into()));
+        assert_eq!(affixes("*"), (String::new(), String::new()));
     }
 }

@@ -1,21 +1,53 @@
 //! The rule index: finds the candidate rules for an object by kind and namespace, without
-//! looking at rules for other kinds or other namespaces.
+//! looking at rules for other kinds or other namespaces; among the candidates of one kind and
+//! namespace, prefilters (`prefilter.rs`) rule out at once the rules that cannot match.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::kind::Gvk;
-use super::rule::CompiledRule;
+use serde_json::Value;
 
-/// Rule positions (into the index's ordered rule list) for one kind key.
+use super::kind::Gvk;
+use super::path::Pointer;
+use super::prefilter::{Prefilter, Reading, Survivors};
+use super::rule::{CompiledRule, Subject};
+
+/// Lists shorter than this are matched rule by rule: looking up the prefilters for an object
+/// (and again after each rule that changes it) costs more than matching a few rules.
+const PREFILTER_FROM: usize = 16;
+
+/// Rule positions (into the index's ordered rule list), ascending, with the prefilter over
+/// them when there are many.
+#[derive(Default, Debug)]
+struct Part {
+    positions: Vec<u32>,
+    prefilter: Option<Prefilter>,
+}
+
+impl Part {
+    fn finish(&mut self, rules: &[Arc<CompiledRule>], prefilter_from: usize) {
+        if self.positions.len() >= prefilter_from.max(1) {
+            let members: Vec<&CompiledRule> = self
+                .positions
+                .iter()
+                .filter_map(|p| rules.get(*p as usize).map(|r| &**r))
+                .collect();
+            if members.len() == self.positions.len() {
+                self.prefilter = Some(Prefilter::new(&members));
+            }
+        }
+    }
+}
+
+/// Rule positions for one kind key.
 #[derive(Default, Debug)]
 struct Bucket {
     /// ClusterMutationRules for any namespace (or with namespace globs).
-    cluster_any: Vec<u32>,
+    cluster_any: Part,
     /// ClusterMutationRules listing literal namespaces.
-    cluster_by_namespace: HashMap<String, Vec<u32>>,
+    cluster_by_namespace: HashMap<String, Part>,
     /// MutationRules, by their own namespace.
-    namespaced: HashMap<String, Vec<u32>>,
+    namespaced: HashMap<String, Part>,
 }
 
 impl Bucket {
@@ -25,27 +57,45 @@ impl Bucket {
                 .namespaced
                 .entry(ns.to_string())
                 .or_default()
+                .positions
                 .push(position),
             (None, Some(namespaces)) => {
                 for ns in namespaces {
-                    let list = self.cluster_by_namespace.entry(ns).or_default();
+                    let list = &mut self.cluster_by_namespace.entry(ns).or_default().positions;
                     if list.last() != Some(&position) {
                         list.push(position);
                     }
                 }
             }
-            (None, None) => self.cluster_any.push(position),
+            (None, None) => self.cluster_any.positions.push(position),
         }
     }
 
-    fn collect(&self, namespace: Option<&str>, namespaced_object: bool, out: &mut Vec<u32>) {
-        out.extend_from_slice(&self.cluster_any);
+    fn finish(&mut self, rules: &[Arc<CompiledRule>], prefilter_from: usize) {
+        self.cluster_any.finish(rules, prefilter_from);
+        for part in self
+            .cluster_by_namespace
+            .values_mut()
+            .chain(self.namespaced.values_mut())
+        {
+            part.finish(rules, prefilter_from);
+        }
+    }
+
+    /// The parts that hold the candidates for an object of `namespace`.
+    fn parts<'b>(
+        &'b self,
+        namespace: Option<&str>,
+        namespaced_object: bool,
+        out: &mut Vec<&'b Part>,
+    ) {
+        out.push(&self.cluster_any);
         if let Some(ns) = namespace {
-            if let Some(list) = self.cluster_by_namespace.get(ns) {
-                out.extend_from_slice(list);
+            if let Some(part) = self.cluster_by_namespace.get(ns) {
+                out.push(part);
             }
-            if namespaced_object && let Some(list) = self.namespaced.get(ns) {
-                out.extend_from_slice(list);
+            if namespaced_object && let Some(part) = self.namespaced.get(ns) {
+                out.push(part);
             }
         }
     }
@@ -67,7 +117,16 @@ impl RuleIndex {
     }
 
     /// An index of rules shared with the caller.
-    pub fn shared(mut rules: Vec<Arc<CompiledRule>>) -> RuleIndex {
+    pub fn shared(rules: Vec<Arc<CompiledRule>>) -> RuleIndex {
+        RuleIndex::with_prefilter_from(rules, PREFILTER_FROM)
+    }
+
+    /// [`RuleIndex::shared`], with prefilters over lists of at least `prefilter_from` rules
+    /// (tests use small ones, to check the prefilters on few rules).
+    pub(crate) fn with_prefilter_from(
+        mut rules: Vec<Arc<CompiledRule>>,
+        prefilter_from: usize,
+    ) -> RuleIndex {
         rules.sort_by(|a, b| a.order(b));
         let mut index = RuleIndex::default();
         for (position, rule) in rules.iter().enumerate() {
@@ -92,6 +151,10 @@ impl RuleIndex {
                         .add(rule, position);
                 }
             }
+        }
+        index.any_kind.finish(&rules, prefilter_from);
+        for bucket in index.by_kind.values_mut() {
+            bucket.finish(&rules, prefilter_from);
         }
         index.rules = rules;
         index
@@ -118,16 +181,150 @@ impl RuleIndex {
         namespaced_object: bool,
     ) -> Vec<&CompiledRule> {
         let mut positions = Vec::new();
-        if let Some(bucket) = self.by_kind.get(&gvk.kind) {
-            bucket.collect(namespace, namespaced_object, &mut positions);
+        for part in self.parts(gvk, namespace, namespaced_object) {
+            positions.extend_from_slice(&part.positions);
         }
-        self.any_kind
-            .collect(namespace, namespaced_object, &mut positions);
         positions.sort_unstable();
         positions.dedup();
         positions
             .into_iter()
             .map(|p| &*self.rules[p as usize])
             .collect()
+    }
+
+    fn parts(&self, gvk: &Gvk, namespace: Option<&str>, namespaced_object: bool) -> Vec<&Part> {
+        let mut parts = Vec::new();
+        if let Some(bucket) = self.by_kind.get(&gvk.kind) {
+            bucket.parts(namespace, namespaced_object, &mut parts);
+        }
+        self.any_kind
+            .parts(namespace, namespaced_object, &mut parts);
+        parts
+    }
+
+    /// [`RuleIndex::candidates`] one at a time; with [`Candidates::prefilter`], without the
+    /// rules the prefilters rule out.
+    pub(crate) fn candidate_cursor(
+        &self,
+        gvk: &Gvk,
+        namespace: Option<&str>,
+        namespaced_object: bool,
+    ) -> Candidates<'_> {
+        Candidates {
+            rules: &self.rules,
+            parts: self
+                .parts(gvk, namespace, namespaced_object)
+                .into_iter()
+                .filter(|part| !part.positions.is_empty())
+                .map(|part| Cursor {
+                    part,
+                    next: 0,
+                    survivors: None,
+                    peeked: None,
+                })
+                .collect(),
+            last: None,
+        }
+    }
+}
+
+/// The candidate rules for one object, in the rules' order: a merge of the parts that hold
+/// them, each read past the rules its prefilter rules out.
+pub(crate) struct Candidates<'i> {
+    rules: &'i [Arc<CompiledRule>],
+    parts: Vec<Cursor<'i>>,
+    /// The last rule given (a rule is given once, whichever parts hold it).
+    last: Option<u32>,
+}
+
+struct Cursor<'i> {
+    part: &'i Part,
+    /// The next offset into the part to look at.
+    next: usize,
+    /// `None`: every rule of the part is a candidate.
+    survivors: Option<Survivors>,
+    /// The next candidate's offset, once looked up.
+    peeked: Option<usize>,
+}
+
+impl Cursor<'_> {
+    fn peek(&mut self) -> Option<u32> {
+        let offset = match self.peeked {
+            Some(offset) => offset,
+            None => {
+                let offset = match (&self.part.prefilter, &self.survivors) {
+                    (Some(prefilter), Some(survivors)) => {
+                        prefilter.next_survivor(survivors, self.next)
+                    }
+                    _ => self.next,
+                };
+                self.peeked = Some(offset);
+                offset
+            }
+        };
+        self.part.positions.get(offset).copied()
+    }
+
+    fn advance(&mut self) {
+        if let Some(offset) = self.peeked.take() {
+            self.next = offset + 1;
+        }
+    }
+}
+
+impl<'i> Candidates<'i> {
+    /// Turns the prefilters on, for `doc` (the object the first rule sees).
+    pub fn prefilter(&mut self, subject: &Subject, doc: &Value) {
+        let mut reading = Reading::new(subject, doc);
+        for cursor in &mut self.parts {
+            if let Some(prefilter) = &cursor.part.prefilter {
+                cursor.survivors = Some(prefilter.survivors(&mut reading));
+                cursor.peeked = None;
+            }
+        }
+    }
+
+    /// A rule changed `doc` at (or below) `touched`: the rules after it are looked up again
+    /// where the prefilters read what it touched.
+    pub fn object_changed(&mut self, subject: &Subject, doc: &Value, touched: &[&Pointer]) {
+        let mut reading = Reading::changed(subject, doc, touched);
+        for cursor in &mut self.parts {
+            if let (Some(prefilter), Some(survivors)) =
+                (&cursor.part.prefilter, &mut cursor.survivors)
+                && prefilter.refresh(survivors, &mut reading)
+            {
+                // A rule ruled out before may survive now, and its turn may have passed
+                // while another part gave the rules before this one: it is not looked at
+                // again.
+                if let Some(last) = self.last {
+                    let passed = cursor.part.positions.partition_point(|p| *p <= last);
+                    cursor.next = cursor.next.max(passed);
+                }
+                cursor.peeked = None;
+            }
+        }
+    }
+
+    /// The next candidate, in order.
+    pub fn next_rule(&mut self) -> Option<&'i CompiledRule> {
+        loop {
+            let mut first: Option<(usize, u32)> = None;
+            for (i, cursor) in self.parts.iter_mut().enumerate() {
+                if let Some(position) = cursor.peek()
+                    && first.is_none_or(|(_, p)| position < p)
+                {
+                    first = Some((i, position));
+                }
+            }
+            let (i, position) = first?;
+            if let Some(cursor) = self.parts.get_mut(i) {
+                cursor.advance();
+            }
+            if self.last == Some(position) {
+                continue;
+            }
+            self.last = Some(position);
+            return self.rules.get(position as usize).map(|r| &**r);
+        }
     }
 }

@@ -80,6 +80,11 @@ impl Journal {
         self.entries.push((pointer, prior()));
     }
 
+    /// Every part the rule touched: nothing outside them changed.
+    pub fn touched(&self) -> impl Iterator<Item = &Pointer> {
+        self.entries.iter().map(|(pointer, _)| pointer)
+    }
+
     /// True when some touched part differs from what it was.
     pub fn changed(&self, doc: &Value) -> bool {
         if !self.inexact {

@@ -16,6 +16,7 @@ mod matching;
 mod mutation;
 mod parse;
 mod path;
+mod prefilter;
 mod rule;
 mod template;
 

@@ -496,13 +496,40 @@ impl Query {
         })
     }
 
+    /// The query as the rule wrote it.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// True when [`Query::select`] cannot fail on any object (it never refuses the work).
+    pub fn cannot_fail(&self) -> bool {
+        self.simple.is_some() || (self.descendants == 0 && self.regex_functions == 0)
+    }
+
+    /// Whether a change at `pointer` may change what the query selects. Only a simple query
+    /// can tell: it cannot when the pointer leaves its path at a name it does not take
+    /// (`/spec/volumes` for `$.spec.containers[*].image`). Indices count as any element,
+    /// since inserting into a list moves the elements after it.
+    pub fn may_select_under(&self, pointer: &Pointer) -> bool {
+        let Some(steps) = &self.simple else {
+            return true;
+        };
+        pointer
+            .tokens()
+            .zip(steps)
+            .all(|((token, _), step)| match step {
+                Step::Names(names) => names.iter().any(|name| *name == token),
+                Step::Index(_) | Step::Wildcard => true,
+            })
+    }
+
     /// The selected values. Queries are validated at compile time, so an evaluation error
     /// (which the library reports for some type mismatches) selects nothing. Fails only when
     /// the query would do too much work (see `check_work`).
     pub fn select<'a>(&self, doc: &'a Value) -> Result<Vec<&'a Value>, QueryError> {
         if let Some(steps) = &self.simple {
             let mut out = Vec::new();
-            walk(doc, steps, &mut String::new(), &mut |v, _| out.push(v));
+            walk_values(doc, steps, &mut out);
             return Ok(out);
         }
         self.check_work(doc)?;
@@ -670,6 +697,42 @@ fn shape(text: &str) -> Shape {
         after_dot = chars[i] == '.';
     }
     shape
+}
+
+/// [`walk`] for the values only: no pointers built (`select` needs none, and building them
+/// cost more than the walk on the admission path).
+fn walk_values<'a>(node: &'a Value, steps: &[Step], out: &mut Vec<&'a Value>) {
+    let Some((step, rest)) = steps.split_first() else {
+        out.push(node);
+        return;
+    };
+    match (step, node) {
+        (Step::Names(names), Value::Object(map)) => {
+            for name in names {
+                if let Some(child) = map.get(name) {
+                    walk_values(child, rest, out);
+                }
+            }
+        }
+        (Step::Index(i), Value::Array(items)) => {
+            let len = items.len() as i64;
+            let at = if *i < 0 { len + i } else { *i };
+            if let Some(child) = usize::try_from(at).ok().and_then(|at| items.get(at)) {
+                walk_values(child, rest, out);
+            }
+        }
+        (Step::Wildcard, Value::Object(map)) => {
+            for child in map.values() {
+                walk_values(child, rest, out);
+            }
+        }
+        (Step::Wildcard, Value::Array(items)) => {
+            for child in items {
+                walk_values(child, rest, out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn walk<'a>(

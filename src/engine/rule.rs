@@ -8,6 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use regex::Regex;
 use serde_json::Value;
 
 use crate::api::{self, FailurePolicy, GATED_LABEL, Mode, Operation, RuleSpec};
@@ -18,9 +19,9 @@ use super::journal::Journal;
 use super::kind::{Gvk, KindPattern};
 use super::limits::{MAX_RULE_REGEXES, Meter, Stop, regex_share};
 use super::lookup::{self, CompiledLookup, Found, LookupStore, LookupTarget};
-use super::matching::{Conditions, MatchError, Matcher};
+use super::matching::{Conditions, MatchError, Matcher, Needs};
 use super::mutation::{self, Mutation, MutationError};
-use super::path::{Pointer, type_name as describe_value};
+use super::path::{Pointer, Query, type_name as describe_value};
 
 /// Which rule: a ClusterMutationRule `name`, or a MutationRule `namespace/name`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -214,6 +215,27 @@ impl CompiledRule {
     /// The operations the rule can act on (for the webhook configuration).
     pub fn operations(&self) -> &[Operation] {
         self.matcher.operations()
+    }
+
+    /// What its `match` needs of an object (for the index's prefilter).
+    pub(crate) fn needs(&self) -> Needs<'_> {
+        self.matcher.needs()
+    }
+
+    /// True when it reads the labels of the object's Namespace (a namespaceSelector in
+    /// `match` or `exclude`).
+    pub(crate) fn needs_namespace_labels(&self) -> bool {
+        self.matcher.needs().namespace_selector
+            || self
+                .exclude
+                .as_ref()
+                .is_some_and(|e| e.needs().namespace_selector)
+    }
+
+    /// A `matches` condition that rules the object out by itself (for the index's prefilter,
+    /// see `Conditions::first_regex`).
+    pub(crate) fn first_regex(&self) -> Option<(&Query, &Regex)> {
+        self.conditions.first_regex()
     }
 
     /// Namespace names the rule is limited to when they are all literal (for the index).

@@ -194,3 +194,34 @@ pub fn rules(total: usize) -> Vec<Value> {
     }
     rules
 }
+
+/// `total` rules that all reach `pod()` through the index (Pods, namespace `shop`), of which
+/// the 10 of `matching_rules()` match it. The others are the same bucket's rules that a busy
+/// namespace holds and that must each be ruled out: half MutationRules of `shop`, half
+/// ClusterMutationRules for Pods in any namespace; a third of them fail on labels, a third on
+/// names, a third on a regex condition over the images (as the e2e benchmark's 1,000 rules).
+pub fn same_bucket_rules(total: usize) -> Vec<Value> {
+    let mut rules = matching_rules();
+    let mut i = 0;
+    while rules.len() < total {
+        let mut spec = match i % 3 {
+            0 => {
+                json!({"match": {"kinds": ["Pod"], "labels": {"matchLabels": {"app": format!("other-{i}")}}}})
+            }
+            1 => json!({"match": {"kinds": ["Pod"], "names": [format!("batch-{i}-*")]}}),
+            _ => json!({"match": {"kinds": ["Pod"]}, "conditions": [
+                {"path": "$.spec.containers[*].image", "matches": format!("^registry\\.other/team-{i}/")}
+            ]}),
+        };
+        spec["mutations"] =
+            json!([{"merge": {"metadata": {"labels": {format!("other-{i}"): "x"}}}}]);
+        let name = format!("other-{i}");
+        rules.push(if i % 2 == 0 {
+            rule("MutationRule", Some("shop"), &name, spec)
+        } else {
+            rule("ClusterMutationRule", None, &name, spec)
+        });
+        i += 1;
+    }
+    rules
+}

@@ -25,11 +25,16 @@ impl Annotations {
         self.0.is_empty()
     }
 
+    /// The key of the first annotation it requires: it cannot match an object without it.
+    pub fn first_key(&self) -> Option<&str> {
+        self.0.first().map(|(key, _)| key.as_str())
+    }
+
     pub fn matches(&self, candidate: &Candidate) -> bool {
         if self.0.is_empty() {
             return true;
         }
-        let annotations = candidate.metadata_map("annotations");
+        let annotations = candidate.annotations();
         self.0.iter().all(|(key, glob)| {
             annotations
                 .and_then(|a| a.get(key))

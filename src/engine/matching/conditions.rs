@@ -172,6 +172,29 @@ impl Conditions {
         self.0.len()
     }
 
+    /// A `matches` condition that rules the object out on its own when none of the values its
+    /// path selects matches, for the index's prefilter: the first one, provided nothing that
+    /// runs before it can fail instead (the `in` queries, looked up first, and the conditions
+    /// before it), so that "does not hold" is what the rule would say too.
+    pub(crate) fn first_regex(&self) -> Option<(&Query, &Regex)> {
+        let in_queries_cannot_fail = self.0.iter().all(|c| match &c.test {
+            Test::In(query) => query.cannot_fail(),
+            _ => true,
+        });
+        if !in_queries_cannot_fail {
+            return None;
+        }
+        for c in &self.0 {
+            if let Test::Matches(re) = &c.test {
+                return Some((&c.query, re));
+            }
+            if !c.query.cannot_fail() {
+                return None;
+            }
+        }
+        None
+    }
+
     /// True when some condition reads the object besides what its path selects (`in`).
     pub(crate) fn reads_object(&self) -> bool {
         self.0.iter().any(|c| matches!(c.test, Test::In(_)))

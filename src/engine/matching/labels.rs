@@ -4,8 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::engine::error::Errors;
 
-use super::Candidate;
 use super::selector::Selector;
+use super::{Candidate, LabelNeed};
 
 #[derive(Clone, Debug)]
 pub(super) struct Labels(Option<Selector>);
@@ -22,6 +22,10 @@ impl Labels {
     pub fn matches(&self, candidate: &Candidate) -> bool {
         self.0
             .as_ref()
-            .is_none_or(|s| s.matches(candidate.metadata_map("labels")))
+            .is_none_or(|s| s.matches(candidate.labels()))
+    }
+
+    pub fn need(&self) -> Option<LabelNeed<'_>> {
+        self.0.as_ref().and_then(Selector::label_need)
     }
 }

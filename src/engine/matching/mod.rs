@@ -87,6 +87,18 @@ impl Matcher {
         self.operations.listed()
     }
 
+    /// What an object must have for this `match` to hold, as far as the index's prefilter can
+    /// look it up (see [`Needs`]).
+    pub fn needs(&self) -> Needs<'_> {
+        Needs {
+            operations: self.operations.listed(),
+            label: self.labels.need(),
+            names: self.names.globs(),
+            annotation: self.annotations.first_key(),
+            namespace_selector: !self.namespace_selector.is_empty(),
+        }
+    }
+
     /// Namespace names the matcher is limited to when they are all literal (for the index).
     pub fn literal_namespaces(&self) -> Option<Vec<String>> {
         self.namespaces.literal()
@@ -139,6 +151,30 @@ impl Matcher {
     }
 }
 
+/// What a `match` needs of an object, each a necessary condition that the index's prefilter
+/// looks up for many rules at once (`engine/prefilter.rs`); the matcher still decides.
+#[derive(Debug)]
+pub(crate) struct Needs<'r> {
+    /// The operations it accepts (empty: any).
+    pub operations: &'r [Operation],
+    pub label: Option<LabelNeed<'r>>,
+    /// The object's name (see [`Candidate::glob_name`]) must match one (empty: any name).
+    pub names: &'r [Glob],
+    /// An annotation key the object must have.
+    pub annotation: Option<&'r str>,
+    /// It has a namespaceSelector (see [`NamespaceSelector::cannot_tell`]).
+    pub namespace_selector: bool,
+}
+
+/// A label the object must have.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum LabelNeed<'r> {
+    /// The label `key` with one of these values.
+    Value(&'r str, &'r [String]),
+    /// The label `key`, with any value.
+    Key(&'r str),
+}
+
 /// The object under admission as the match fields look at it.
 pub(crate) struct Candidate<'a> {
     subject: &'a Subject<'a>,
@@ -146,7 +182,7 @@ pub(crate) struct Candidate<'a> {
 }
 
 impl<'a> Candidate<'a> {
-    fn new(subject: &'a Subject<'a>, object: &'a Value) -> Candidate<'a> {
+    pub(crate) fn new(subject: &'a Subject<'a>, object: &'a Value) -> Candidate<'a> {
         Candidate {
             subject,
             metadata: object.get("metadata"),
@@ -166,6 +202,34 @@ impl<'a> Candidate<'a> {
         self.metadata
             .and_then(|m| m.get(field))
             .and_then(Value::as_object)
+    }
+
+    /// The request's operation.
+    pub(crate) fn operation(&self) -> Operation {
+        self.subject.operation
+    }
+
+    /// `metadata.labels`.
+    pub(crate) fn labels(&self) -> Option<&'a Map<String, Value>> {
+        self.metadata_map("labels")
+    }
+
+    /// `metadata.annotations`.
+    pub(crate) fn annotations(&self) -> Option<&'a Map<String, Value>> {
+        self.metadata_map("annotations")
+    }
+
+    /// The name `names` globs match: the name, or `generateName` while there is none.
+    pub(crate) fn glob_name(&self) -> &'a str {
+        self.name()
+            .or_else(|| self.metadata_str("generateName"))
+            .unwrap_or("")
+    }
+
+    /// True when a namespaceSelector cannot be told on this object (see
+    /// [`NamespaceSelector::cannot_tell`]).
+    pub(crate) fn namespace_labels_unknown(&self) -> bool {
+        NamespaceSelector::cannot_tell(self)
     }
 
     /// The request's name, or the object's while the request has none.

@@ -21,10 +21,11 @@ impl Names {
         if self.0.is_empty() {
             return true;
         }
-        let name = candidate
-            .name()
-            .or_else(|| candidate.metadata_str("generateName"))
-            .unwrap_or("");
+        let name = candidate.glob_name();
         self.0.iter().any(|g| g.matches(name))
+    }
+
+    pub fn globs(&self) -> &[Glob] {
+        &self.0
     }
 }

@@ -26,6 +26,14 @@ impl NamespaceSelector {
         self.0.is_none()
     }
 
+    /// True when, for this object, a rule with a namespaceSelector fails instead of matching
+    /// or not: the labels of the object's Namespace are not known.
+    pub fn cannot_tell(candidate: &Candidate) -> bool {
+        !candidate.subject.is_namespace_object()
+            && candidate.namespace().is_some()
+            && candidate.subject.namespace_labels.is_none()
+    }
+
     /// An error when the labels of the object's Namespace are not known (yet): guessing "no
     /// labels" could match a NotIn or DoesNotExist selector wrongly.
     pub fn matches(&self, candidate: &Candidate) -> Result<bool, MatchError> {
@@ -33,7 +41,7 @@ impl NamespaceSelector {
             return Ok(true);
         };
         if candidate.subject.is_namespace_object() {
-            return Ok(selector.matches(candidate.metadata_map("labels")));
+            return Ok(selector.matches(candidate.labels()));
         }
         match (candidate.namespace(), candidate.subject.namespace_labels) {
             (None, _) => Ok(false),

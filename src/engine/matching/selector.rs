@@ -6,6 +6,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::engine::error::Errors;
 
+use super::LabelNeed;
+
 #[derive(Clone, Debug, PartialEq)]
 enum Requirement {
     Equals(String, String),
@@ -65,6 +67,26 @@ impl Selector {
             requirements.push(requirement);
         }
         Selector { requirements }
+    }
+
+    /// A requirement without which the selector cannot match, for the index's prefilter: the
+    /// first `matchLabels` pair, else the first `In`, else the first `Exists` (`NotIn` and
+    /// `DoesNotExist` hold for an object without labels, so they need nothing).
+    pub(crate) fn label_need(&self) -> Option<LabelNeed<'_>> {
+        let mut need = None;
+        for r in &self.requirements {
+            match r {
+                Requirement::Equals(k, v) => {
+                    return Some(LabelNeed::Value(k, std::slice::from_ref(v)));
+                }
+                Requirement::In(k, vs) if !matches!(need, Some(LabelNeed::Value(..))) => {
+                    need = Some(LabelNeed::Value(k, vs));
+                }
+                Requirement::Exists(k) if need.is_none() => need = Some(LabelNeed::Key(k)),
+                _ => {}
+            }
+        }
+        need
     }
 
     /// Matches the object's own labels (`metadata.labels`).

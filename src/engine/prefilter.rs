@@ -1,0 +1,695 @@
+//! Prefilters over one list of candidate rules (a part of an index bucket: rules for one kind
+//! and namespace). For an object, they find which rules can still match it for all the rules
+//! at once, from what the object has — its labels, its annotation keys, its name, the values a
+//! JSONPath selects — instead of asking each rule in turn.
+//!
+//! Each rule is kept by necessary conditions of its `match` and `conditions` ([`Needs`],
+//! `Conditions::first_regex`): a rule they rule out would not have matched, and would not have
+//! failed either; the rules they keep are matched in full. A rule that changes the object
+//! can make a later rule match: the facets that read a part it touched are looked up again.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use regex::{RegexSet, RegexSetBuilder};
+use serde_json::{Map, Value};
+
+use crate::api::Operation;
+
+use super::matching::{Candidate, LabelNeed};
+use super::path::{Pointer, Query};
+use super::rule::{CompiledRule, Subject};
+
+/// Rules per bitset word.
+const WORD: usize = 64;
+
+/// The `matches` patterns of one JSONPath compiled into one `RegexSet`, at most...
+const REGEXES_PER_SET: usize = 4096;
+
+/// ...within these limits (a set that does not fit leaves its rules unfiltered: they are
+/// matched one by one, as without a prefilter).
+const SET_SIZE_LIMIT: usize = 64 << 20;
+const SET_DFA_SIZE_LIMIT: usize = 16 << 20;
+
+/// A set of the part's rules, by offset in the part.
+type Bits = Vec<u64>;
+
+fn words(len: usize) -> usize {
+    len.div_ceil(WORD)
+}
+
+fn insert(bits: &mut [u64], offset: usize) {
+    if let Some(word) = bits.get_mut(offset / WORD) {
+        *word |= 1 << (offset % WORD);
+    }
+}
+
+fn union(into: &mut [u64], bits: &[u64]) {
+    for (a, b) in into.iter_mut().zip(bits) {
+        *a |= b;
+    }
+}
+
+/// The rules keyed on one value (a label value, a name prefix, an annotation key).
+#[derive(Debug, PartialEq)]
+enum Members {
+    /// Few: setting their bits one by one costs less than a word-by-word union.
+    Few(Vec<u32>),
+    Many(Bits),
+}
+
+impl Members {
+    fn new(offsets: Vec<u32>, len: usize) -> Members {
+        if offsets.len() <= words(len) {
+            return Members::Few(offsets);
+        }
+        let mut bits = vec![0; words(len)];
+        for offset in offsets {
+            insert(&mut bits, offset as usize);
+        }
+        Members::Many(bits)
+    }
+
+    fn add_to(&self, out: &mut [u64]) {
+        match self {
+            Members::Few(offsets) => {
+                for offset in offsets {
+                    insert(out, *offset as usize);
+                }
+            }
+            Members::Many(bits) => union(out, bits),
+        }
+    }
+}
+
+/// Offsets by key while a prefilter is built.
+#[derive(Default)]
+struct Keyed(HashMap<String, Vec<u32>>);
+
+impl Keyed {
+    fn add(&mut self, key: &str, offset: u32) {
+        let list = self.0.entry(key.to_string()).or_default();
+        if list.last() != Some(&offset) {
+            list.push(offset);
+        }
+    }
+
+    fn finish(self, len: usize) -> HashMap<String, Members> {
+        self.0
+            .into_iter()
+            .map(|(key, offsets)| (key, Members::new(offsets, len)))
+            .collect()
+    }
+}
+
+/// `labels`: a rule is kept when the object has the label (and value) it needs.
+#[derive(Debug)]
+struct LabelFilter {
+    /// Rules that need no label.
+    free: Bits,
+    keys: HashMap<String, LabelKey>,
+}
+
+#[derive(Debug, Default)]
+struct LabelKey {
+    /// Rules that need the key with any value (`Exists`).
+    any_value: Option<Members>,
+    /// Rules that need the key with this value (`matchLabels`, `In`).
+    values: HashMap<String, Members>,
+}
+
+impl LabelFilter {
+    fn kept(&self, labels: Option<&Map<String, Value>>) -> Bits {
+        let mut out = self.free.clone();
+        for (key, value) in labels.into_iter().flatten() {
+            // The selector reads a label that is not a string as absent.
+            let (Some(value), Some(rules)) = (value.as_str(), self.keys.get(key)) else {
+                continue;
+            };
+            if let Some(any) = &rules.any_value {
+                any.add_to(&mut out);
+            }
+            if let Some(members) = rules.values.get(value) {
+                members.add_to(&mut out);
+            }
+        }
+        out
+    }
+}
+
+/// `names`: a rule is kept when the name starts with the literal prefix of one of its globs
+/// (or, for a glob that starts with a wildcard, ends with its literal suffix).
+#[derive(Debug)]
+struct NameFilter {
+    /// Rules without names, or with a glob that has neither (`*`).
+    free: Bits,
+    prefixes: Affixes,
+    suffixes: Affixes,
+}
+
+#[derive(Debug, Default)]
+struct Affixes {
+    by_text: HashMap<String, Members>,
+    /// The byte lengths of the keys, ascending: one lookup per length.
+    lengths: Vec<usize>,
+}
+
+impl Affixes {
+    fn new(keyed: Keyed, len: usize) -> Affixes {
+        let mut lengths: Vec<usize> = keyed.0.keys().map(String::len).collect();
+        lengths.sort_unstable();
+        lengths.dedup();
+        Affixes {
+            by_text: keyed.finish(len),
+            lengths,
+        }
+    }
+}
+
+impl NameFilter {
+    fn kept(&self, name: &str) -> Bits {
+        let mut out = self.free.clone();
+        for &length in &self.prefixes.lengths {
+            if length > name.len() {
+                break;
+            }
+            if let Some(members) = name
+                .get(..length)
+                .and_then(|p| self.prefixes.by_text.get(p))
+            {
+                members.add_to(&mut out);
+            }
+        }
+        for &length in &self.suffixes.lengths {
+            if length > name.len() {
+                break;
+            }
+            if let Some(members) = name
+                .get(name.len() - length..)
+                .and_then(|s| self.suffixes.by_text.get(s))
+            {
+                members.add_to(&mut out);
+            }
+        }
+        out
+    }
+}
+
+/// `annotations`: a rule is kept when the object has the first annotation key it needs.
+#[derive(Debug)]
+struct AnnotationFilter {
+    free: Bits,
+    keys: HashMap<String, Members>,
+}
+
+impl AnnotationFilter {
+    fn kept(&self, annotations: Option<&Map<String, Value>>) -> Bits {
+        let mut out = self.free.clone();
+        for (key, value) in annotations.into_iter().flatten() {
+            if value.is_string()
+                && let Some(members) = self.keys.get(key)
+            {
+                members.add_to(&mut out);
+            }
+        }
+        out
+    }
+}
+
+/// `conditions`: a rule is kept when a value its first `matches` condition's path selects
+/// matches the regex; every pattern on one path is tried at once.
+#[derive(Debug)]
+struct ConditionFilter {
+    /// Rules without such a condition.
+    free: Bits,
+    paths: Vec<PathFilter>,
+}
+
+#[derive(Debug)]
+struct PathFilter {
+    query: Query,
+    /// The rules whose condition reads this path.
+    members: Bits,
+    /// The rules whose pattern is anchored at the start and begins with a literal, by that
+    /// literal: a value matches only if it starts with it (a lookup, not a regex search).
+    prefixes: Affixes,
+    /// The other patterns, and the rule of each pattern.
+    sets: Vec<(RegexSet, Vec<u32>)>,
+}
+
+/// The literal text every match of `pattern` starts the haystack with, when the pattern says
+/// so plainly: `^` then literal characters (`\.`-style escapes of punctuation included), as in
+/// `^registry\.example\.com/`. Anything else (flags, alternation, classes, other escapes) gives
+/// `None`, and the pattern is searched with the others.
+fn anchored_prefix(pattern: &str) -> Option<String> {
+    let rest = pattern.strip_prefix('^')?;
+    // Flags may change what ^ or a letter means ((?m), (?i), (?x)); `|` may end the anchor's
+    // reach.
+    if pattern.contains("(?") || pattern.contains('|') {
+        return None;
+    }
+    let mut prefix = String::new();
+    let mut chars = rest.chars().peekable();
+    while let Some(c) = chars.next() {
+        let literal = match c {
+            '\\' => match chars.next() {
+                // `\<` and `\>` are word boundaries, not characters.
+                Some(escaped)
+                    if escaped.is_ascii_punctuation() && !matches!(escaped, '<' | '>') =>
+                {
+                    escaped
+                }
+                _ => break,
+            },
+            '.' | '+' | '*' | '?' | '(' | ')' | '[' | ']' | '{' | '}' | '^' | '$' => break,
+            c => c,
+        };
+        match chars.peek() {
+            // The character may be absent, or repeated: it is not part of every match.
+            Some('?' | '*' | '{') => break,
+            // At least once: the prefix ends with it.
+            Some('+') => {
+                prefix.push(literal);
+                break;
+            }
+            _ => prefix.push(literal),
+        }
+    }
+    (!prefix.is_empty()).then_some(prefix)
+}
+
+impl PathFilter {
+    /// Adds the rules whose pattern matches a selected value.
+    fn add_kept<'q>(&'q self, reading: &mut Reading<'q, '_>, out: &mut [u64]) {
+        let Some(values) = reading.selected(&self.query) else {
+            // The rule would fail on the query: it is not ruled out here.
+            union(out, &self.members);
+            return;
+        };
+        for text in values {
+            for &length in &self.prefixes.lengths {
+                if length > text.len() {
+                    break;
+                }
+                if let Some(members) = text
+                    .get(..length)
+                    .and_then(|p| self.prefixes.by_text.get(p))
+                {
+                    members.add_to(out);
+                }
+            }
+            for (set, offsets) in &self.sets {
+                if !set.is_match(text) {
+                    continue;
+                }
+                for pattern in set.matches(text).iter() {
+                    if let Some(offset) = offsets.get(pattern) {
+                        insert(out, *offset as usize);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the prefilters read of the object, once for all the parts that read it: the parts
+/// of one admission often hold rules with the same JSONPath.
+pub(crate) struct Reading<'q, 'd> {
+    candidate: Candidate<'d>,
+    doc: &'d Value,
+    /// The strings each path selects (`None`: the query fails), by the path's text.
+    selected: Vec<(&'q str, Option<Vec<&'d str>>)>,
+    /// What a rule that changed the object touched, when one did.
+    touched: Option<Touched<'q, 'd>>,
+}
+
+/// The parts of the object a rule touched, as the prefilters read them.
+struct Touched<'q, 'd> {
+    pointers: &'d [&'d Pointer],
+    labels: bool,
+    annotations: bool,
+    name: bool,
+    /// Whether each path (by its text) may select something else now.
+    paths: Vec<(&'q str, bool)>,
+}
+
+impl<'q, 'd> Reading<'q, 'd> {
+    pub fn new(subject: &'d Subject<'d>, doc: &'d Value) -> Reading<'q, 'd> {
+        Reading {
+            candidate: Candidate::new(subject, doc),
+            doc,
+            selected: Vec::new(),
+            touched: None,
+        }
+    }
+
+    /// The object after a rule changed it at (or below) `touched`, which covers every change.
+    pub fn changed(
+        subject: &'d Subject<'d>,
+        doc: &'d Value,
+        touched: &'d [&'d Pointer],
+    ) -> Reading<'q, 'd> {
+        static LABELS: LazyLock<Pointer> =
+            LazyLock::new(|| Pointer::from_tokens(["metadata", "labels"]));
+        static ANNOTATIONS: LazyLock<Pointer> =
+            LazyLock::new(|| Pointer::from_tokens(["metadata", "annotations"]));
+        static NAMES: LazyLock<[Pointer; 2]> = LazyLock::new(|| {
+            [
+                Pointer::from_tokens(["metadata", "name"]),
+                Pointer::from_tokens(["metadata", "generateName"]),
+            ]
+        });
+        let near = |field: &Pointer| {
+            touched
+                .iter()
+                .any(|p| p.contains(field) || field.contains(p))
+        };
+        Reading {
+            touched: Some(Touched {
+                pointers: touched,
+                labels: near(&LABELS),
+                annotations: near(&ANNOTATIONS),
+                name: NAMES.iter().any(near),
+                paths: Vec::new(),
+            }),
+            ..Reading::new(subject, doc)
+        }
+    }
+
+    fn selected(&mut self, query: &'q Query) -> Option<&[&'d str]> {
+        let text = query.text();
+        let at = match self.selected.iter().position(|(t, _)| *t == text) {
+            Some(at) => at,
+            None => {
+                let values = query
+                    .select(self.doc)
+                    .ok()
+                    .map(|values| values.into_iter().filter_map(Value::as_str).collect());
+                self.selected.push((text, values));
+                self.selected.len() - 1
+            }
+        };
+        self.selected
+            .get(at)
+            .and_then(|(_, values)| values.as_deref())
+    }
+
+    /// Whether `query` may select something else than before the change.
+    fn path_touched(&mut self, query: &'q Query) -> bool {
+        let Some(touched) = &mut self.touched else {
+            return true;
+        };
+        let text = query.text();
+        if let Some((_, stale)) = touched.paths.iter().find(|(t, _)| *t == text) {
+            return *stale;
+        }
+        let stale = touched.pointers.iter().any(|p| query.may_select_under(p));
+        touched.paths.push((text, stale));
+        stale
+    }
+}
+
+/// The prefilters over one list of rules, in the index's order.
+#[derive(Debug)]
+pub(crate) struct Prefilter {
+    len: usize,
+    /// By `operation_slot`: the rules that accept the operation.
+    operations: [Bits; 2],
+    /// Rules with a namespaceSelector (in `match` or `exclude`): where it cannot be told,
+    /// they fail rather than not match, so only what comes before it may rule them out.
+    namespace_selector: Bits,
+    labels: LabelFilter,
+    names: NameFilter,
+    annotations: AnnotationFilter,
+    conditions: ConditionFilter,
+}
+
+fn operation_slot(operation: Operation) -> usize {
+    match operation {
+        Operation::Create => 0,
+        Operation::Update => 1,
+    }
+}
+
+impl Prefilter {
+    pub fn new(rules: &[&CompiledRule]) -> Prefilter {
+        let len = rules.len();
+        let empty = || vec![0u64; words(len)];
+        let mut operations = [empty(), empty()];
+        let mut namespace_selector = empty();
+        let (mut label_free, mut name_free, mut annotation_free, mut condition_free) =
+            (empty(), empty(), empty(), empty());
+        let mut label_values: HashMap<String, Keyed> = HashMap::new();
+        let mut label_keys = Keyed::default();
+        let (mut prefixes, mut suffixes, mut annotation_keys) =
+            (Keyed::default(), Keyed::default(), Keyed::default());
+        // Patterns by path text: (the query, (pattern, offset)...).
+        let mut patterns: Vec<(&Query, Vec<(&str, u32)>)> = Vec::new();
+        let mut path_of: HashMap<&str, usize> = HashMap::new();
+
+        for (offset, rule) in rules.iter().enumerate() {
+            let at = offset as u32;
+            let needs = rule.needs();
+            for operation in [Operation::Create, Operation::Update] {
+                if needs.operations.is_empty() || needs.operations.contains(&operation) {
+                    insert(&mut operations[operation_slot(operation)], offset);
+                }
+            }
+            if rule.needs_namespace_labels() {
+                insert(&mut namespace_selector, offset);
+            }
+            match needs.label {
+                None => insert(&mut label_free, offset),
+                Some(LabelNeed::Key(key)) => label_keys.add(key, at),
+                Some(LabelNeed::Value(key, values)) => {
+                    let keyed = label_values.entry(key.to_string()).or_default();
+                    for value in values {
+                        keyed.add(value, at);
+                    }
+                }
+            }
+            let mut any_name = needs.names.is_empty();
+            for glob in needs.names {
+                let (prefix, suffix) = (glob.literal_prefix(), glob.literal_suffix());
+                if !prefix.is_empty() {
+                    prefixes.add(&prefix, at);
+                } else if !suffix.is_empty() {
+                    suffixes.add(&suffix, at);
+                } else {
+                    any_name = true;
+                }
+            }
+            if any_name {
+                insert(&mut name_free, offset);
+            }
+            match needs.annotation {
+                Some(key) => annotation_keys.add(key, at),
+                None => insert(&mut annotation_free, offset),
+            }
+            match rule.first_regex() {
+                Some((query, regex)) => {
+                    let slot = *path_of.entry(query.text()).or_insert_with(|| {
+                        patterns.push((query, Vec::new()));
+                        patterns.len() - 1
+                    });
+                    if let Some((_, list)) = patterns.get_mut(slot) {
+                        list.push((regex.as_str(), at));
+                    }
+                }
+                None => insert(&mut condition_free, offset),
+            }
+        }
+
+        let mut keys: HashMap<String, LabelKey> = label_values
+            .into_iter()
+            .map(|(key, values)| {
+                (
+                    key,
+                    LabelKey {
+                        any_value: None,
+                        values: values.finish(len),
+                    },
+                )
+            })
+            .collect();
+        for (key, members) in label_keys.finish(len) {
+            keys.entry(key).or_default().any_value = Some(members);
+        }
+        let mut paths = Vec::new();
+        for (query, list) in patterns {
+            let mut members = empty();
+            let mut prefixes = Keyed::default();
+            let mut searched = Vec::new();
+            for (pattern, offset) in list {
+                match anchored_prefix(pattern) {
+                    Some(prefix) => {
+                        prefixes.add(&prefix, offset);
+                        insert(&mut members, offset as usize);
+                    }
+                    None => searched.push((pattern, offset)),
+                }
+            }
+            let mut sets = Vec::new();
+            for chunk in searched.chunks(REGEXES_PER_SET) {
+                let built = RegexSetBuilder::new(chunk.iter().map(|(pattern, _)| *pattern))
+                    .size_limit(SET_SIZE_LIMIT)
+                    .dfa_size_limit(SET_DFA_SIZE_LIMIT)
+                    .build();
+                for (_, offset) in chunk {
+                    insert(
+                        if built.is_ok() {
+                            &mut members
+                        } else {
+                            &mut condition_free
+                        },
+                        *offset as usize,
+                    );
+                }
+                if let Ok(set) = built {
+                    sets.push((set, chunk.iter().map(|(_, offset)| *offset).collect()));
+                }
+            }
+            let prefixes = Affixes::new(prefixes, len);
+            if !sets.is_empty() || !prefixes.lengths.is_empty() {
+                paths.push(PathFilter {
+                    query: query.clone(),
+                    members,
+                    prefixes,
+                    sets,
+                });
+            }
+        }
+        Prefilter {
+            len,
+            operations,
+            namespace_selector,
+            labels: LabelFilter {
+                free: label_free,
+                keys,
+            },
+            names: NameFilter {
+                free: name_free,
+                prefixes: Affixes::new(prefixes, len),
+                suffixes: Affixes::new(suffixes, len),
+            },
+            annotations: AnnotationFilter {
+                free: annotation_free,
+                keys: annotation_keys.finish(len),
+            },
+            conditions: ConditionFilter {
+                free: condition_free,
+                paths,
+            },
+        }
+    }
+
+    /// The rules that may match the object read (as the rules before have left it).
+    pub fn survivors<'q>(&'q self, reading: &mut Reading<'q, '_>) -> Survivors {
+        let candidate = &reading.candidate;
+        let mut survivors = Survivors {
+            operation: operation_slot(candidate.operation()),
+            cannot_tell: candidate.namespace_labels_unknown(),
+            labels: self.labels.kept(candidate.labels()),
+            annotations: self.annotations.kept(candidate.annotations()),
+            names: self.names.kept(candidate.glob_name()),
+            conditions: self.conditions.free.clone(),
+        };
+        for path in &self.conditions.paths {
+            path.add_kept(reading, &mut survivors.conditions);
+        }
+        self.spare_namespace_selectors(&mut survivors);
+        survivors
+    }
+
+    /// Looks again at what a rule changed (a reading made by [`Reading::changed`]); false when
+    /// it touched nothing this prefilter reads.
+    pub fn refresh<'q>(&'q self, survivors: &mut Survivors, reading: &mut Reading<'q, '_>) -> bool {
+        let (labels, annotations, name) = match &reading.touched {
+            Some(t) => (t.labels, t.annotations, t.name),
+            None => (true, true, true),
+        };
+        let candidate = &reading.candidate;
+        let mut refreshed = false;
+        if labels {
+            survivors.labels = self.labels.kept(candidate.labels());
+            refreshed = true;
+        }
+        if annotations {
+            survivors.annotations = self.annotations.kept(candidate.annotations());
+            refreshed = true;
+        }
+        if name {
+            survivors.names = self.names.kept(candidate.glob_name());
+            refreshed = true;
+        }
+        for path in &self.conditions.paths {
+            if reading.path_touched(&path.query) {
+                for (kept, members) in survivors.conditions.iter_mut().zip(&path.members) {
+                    *kept &= !members;
+                }
+                path.add_kept(reading, &mut survivors.conditions);
+                refreshed = true;
+            }
+        }
+        if refreshed {
+            self.spare_namespace_selectors(survivors);
+        }
+        refreshed
+    }
+
+    /// Where a namespaceSelector cannot be told, its rules fail (by their failurePolicy) unless
+    /// ruled out before the selector is read: by operation or name, not by labels, annotations
+    /// or conditions, which are read after it.
+    fn spare_namespace_selectors(&self, survivors: &mut Survivors) {
+        if survivors.cannot_tell {
+            union(&mut survivors.labels, &self.namespace_selector);
+            union(&mut survivors.annotations, &self.namespace_selector);
+            union(&mut survivors.conditions, &self.namespace_selector);
+        }
+    }
+
+    /// The rules at offsets `64 * index ..` that survive, as a bitset word.
+    pub fn word(&self, survivors: &Survivors, index: usize) -> u64 {
+        let at = |bits: &Bits| bits.get(index).copied().unwrap_or(0);
+        at(&self.operations[survivors.operation])
+            & at(&survivors.labels)
+            & at(&survivors.annotations)
+            & at(&survivors.names)
+            & at(&survivors.conditions)
+    }
+
+    /// The first surviving offset at or after `from` (`len()` when none).
+    pub fn next_survivor(&self, survivors: &Survivors, from: usize) -> usize {
+        let mut index = from / WORD;
+        if index >= words(self.len) {
+            return self.len;
+        }
+        let mut bits = self.word(survivors, index) & (!0u64 << (from % WORD));
+        loop {
+            if bits != 0 {
+                return (index * WORD + bits.trailing_zeros() as usize).min(self.len);
+            }
+            index += 1;
+            if index >= words(self.len) {
+                return self.len;
+            }
+            bits = self.word(survivors, index);
+        }
+    }
+}
+
+/// For one object, the rules of a [`Prefilter`] that each facet keeps.
+#[derive(Debug)]
+pub(crate) struct Survivors {
+    operation: usize,
+    /// The labels of the object's Namespace are not known (see `spare_namespace_selectors`).
+    cannot_tell: bool,
+    labels: Bits,
+    annotations: Bits,
+    names: Bits,
+    conditions: Bits,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests;
