@@ -126,7 +126,7 @@ pub struct RuleView {
 /// Every rule, sorted by id; published after each batch of changes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
-    pub rules: Vec<RuleView>,
+    pub rules: Vec<Arc<RuleView>>,
 }
 
 /// A rule object of either kind, reduced to what the controller uses.
@@ -173,14 +173,15 @@ impl From<MutationRule> for Observed {
 /// later event brings a new spec is told by `spec_key`.
 struct Entry {
     spec_key: SpecKey,
-    uid: Option<String>,
     /// `spec.match.kinds` as written, for the Ready condition's messages.
     kinds: Vec<String>,
-    generation: Option<i64>,
-    resource_version: Option<String>,
-    status: Option<Arc<RuleStatus>>,
     compiled: Result<Arc<CompiledRule>, RuleErrors>,
+    /// `None` until the first publish after the spec was compiled has judged it.
     verdict: Option<Verdict>,
+    /// What the snapshot shows of the rule, shared with every snapshot that holds it: a
+    /// status write of one rule among ten thousand publishes ten thousand pointers, not ten
+    /// thousand copies.
+    view: Arc<RuleView>,
 }
 
 /// Identifies a rule object's spec: a hash of its uid (a rule deleted and created again is a
@@ -330,19 +331,21 @@ impl RuleTable {
     /// and the webhook inputs. Nothing is published before both rule kinds have been listed
     /// completely and discovery has been read once: a leader that just started must not
     /// write a webhook configuration for the few rules it has seen so far.
+    /// Returns whether it published anything.
     fn publish(
         &mut self,
         shared: &Shared,
         readiness: &Readiness,
         snapshot: &watch::Sender<Arc<Snapshot>>,
         needs: &watch::Sender<Arc<Inputs>>,
-    ) {
+    ) -> bool {
         let Some(served) = self.served.clone() else {
-            return;
+            return false;
         };
         if !(self.listed_cluster && self.listed_namespaced) {
-            return;
+            return false;
         }
+        let published = self.index_stale || self.snapshot_stale;
         if self.index_stale {
             self.index_stale = false;
             let mut ready = Vec::new();
@@ -353,6 +356,10 @@ impl RuleTable {
                     && let Verdict::KindNotServed(m) | Verdict::KindNotAllowed(m) = &verdict
                 {
                     tracing::warn!(rule = %id.describe(), reason = %m, "rule is not Ready");
+                }
+                if entry.view.verdict != verdict {
+                    Arc::make_mut(&mut entry.view).verdict = verdict.clone();
+                    self.snapshot_stale = true;
                 }
                 if let (Ok(rule), true) = (&entry.compiled, verdict.is_ready()) {
                     ready.push(rule.clone());
@@ -382,15 +389,8 @@ impl RuleTable {
             self.snapshot_stale = false;
             let rules = self
                 .entries
-                .iter()
-                .map(|(id, entry)| RuleView {
-                    id: id.clone(),
-                    uid: entry.uid.clone(),
-                    generation: entry.generation,
-                    resource_version: entry.resource_version.clone(),
-                    status: entry.status.clone(),
-                    verdict: entry.verdict.clone().unwrap_or(Verdict::Ready),
-                })
+                .values()
+                .map(|entry| Arc::clone(&entry.view))
                 .collect();
             snapshot.send_replace(Arc::new(Snapshot { rules }));
             // Statuses no rule (nor a snapshot) holds any more.
@@ -404,6 +404,12 @@ impl RuleTable {
         ] {
             readiness.done(part);
         }
+        published
+    }
+
+    /// Whether a publish would do anything.
+    fn stale(&self) -> bool {
+        self.index_stale || self.snapshot_stale
     }
 }
 
@@ -415,21 +421,29 @@ fn entry_for(
     status: Option<Arc<RuleStatus>>,
 ) -> (RuleId, Entry, bool) {
     let spec_key = SpecKey::of(&observed);
+    let view = |verdict: Option<&Verdict>| {
+        Arc::new(RuleView {
+            id: observed.id.clone(),
+            uid: observed.uid.clone(),
+            generation: observed.generation,
+            resource_version: observed.resource_version.clone(),
+            status,
+            verdict: verdict.cloned().unwrap_or(Verdict::Ready),
+        })
+    };
     if let Some(current) = current
         && current.spec_key == spec_key
     {
         let entry = Entry {
             spec_key,
-            uid: observed.uid,
             kinds: current.kinds.clone(),
-            generation: observed.generation,
-            resource_version: observed.resource_version,
-            status,
             compiled: current.compiled.clone(),
             verdict: current.verdict.clone(),
+            view: view(current.verdict.as_ref()),
         };
         return (observed.id, entry, false);
     }
+    let view = view(None);
     let compiled = compile(observed.id.clone(), &observed.spec).map(Arc::new);
     match &compiled {
         Ok(_) => tracing::info!(rule = %observed.id.describe(), "rule compiled"),
@@ -439,13 +453,10 @@ fn entry_for(
     }
     let entry = Entry {
         spec_key,
-        uid: observed.uid,
         kinds: observed.spec.match_.kinds,
-        generation: observed.generation,
-        resource_version: observed.resource_version,
-        status,
         compiled,
         verdict: None,
+        view,
     };
     (observed.id, entry, true)
 }
@@ -512,6 +523,44 @@ impl Rules {
             snapshot,
             needs,
         }
+    }
+}
+
+/// The shortest time between two publishes while changes keep coming. A change after a
+/// quiet spell is published at once; a burst (a GitOps sync of a thousand rules, the status
+/// writes that follow) is published at most this often, so rebuilding the index and the
+/// snapshot costs O(rules) a few times a second, not once per event.
+const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// When the table is published: at once after a quiet spell, then at most once per
+/// [`PUBLISH_INTERVAL`] while changes keep coming.
+#[derive(Debug, Default)]
+struct Pacer {
+    last: Option<Instant>,
+    /// A publish is owed at this time.
+    due: Option<Instant>,
+}
+
+impl Pacer {
+    /// Something changed at `now`: whether to publish now. If not, a publish is due later
+    /// (at [`Pacer::due`]), and changes until then are published with it.
+    fn publish_now(&mut self, now: Instant) -> bool {
+        if self.due.is_some() {
+            return false;
+        }
+        match self.last {
+            Some(last) if now < last + PUBLISH_INTERVAL => {
+                self.due = Some(last + PUBLISH_INTERVAL);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// A publish happened at `now` (the due one, or one at once).
+    fn published(&mut self, now: Instant) {
+        self.last = Some(now);
+        self.due = None;
     }
 }
 
@@ -590,10 +639,18 @@ impl Duty for Rules {
             .boxed();
         let mut own_crds = OwnCrds::default();
         let mut relists: Vec<Instant> = Vec::new();
+        let mut pacer = Pacer::default();
         loop {
             let relist_due = relists.iter().copied().min();
             let input = tokio::select! {
                 () = context.stop.wait() => return Ok(()),
+                () = sleep_until_some(pacer.due) => {
+                    pacer.due = None;
+                    if table.publish(&self.shared, &self.readiness, &self.snapshot, &self.needs) {
+                        pacer.published(Instant::now());
+                    }
+                    continue;
+                }
                 input = inputs.next() => input,
                 event = crd_events.next() => {
                     match event {
@@ -638,7 +695,12 @@ impl Duty for Rules {
                 watch_failed(&context, &more);
                 table.apply(more);
             }
-            table.publish(&self.shared, &self.readiness, &self.snapshot, &self.needs);
+            if table.stale()
+                && pacer.publish_now(Instant::now())
+                && table.publish(&self.shared, &self.readiness, &self.snapshot, &self.needs)
+            {
+                pacer.published(Instant::now());
+            }
         }
     }
 }
@@ -862,7 +924,7 @@ mod tests {
             table.upsert(rule);
         }
         let shared = |table: &RuleTable, a: &str, b: &str| {
-            let get = |name: &str| table.entries[&RuleId::cluster(name)].status.clone();
+            let get = |name: &str| table.entries[&RuleId::cluster(name)].view.status.clone();
             matches!((get(a), get(b)), (Some(x), Some(y)) if Arc::ptr_eq(&x, &y))
         };
         assert!(shared(&table, "a", "b"));
@@ -882,6 +944,63 @@ mod tests {
         table.listed_namespaced = true;
         table.publish(&shared_state, &readiness, &snapshot_tx, &needs_tx);
         assert_eq!(table.statuses.len(), 1, "the unused status is dropped");
+    }
+
+    #[test]
+    fn a_burst_of_changes_is_published_at_most_once_per_interval() {
+        let start = Instant::now();
+        let mut pacer = Pacer::default();
+        assert!(pacer.publish_now(start), "the first change: at once");
+        pacer.published(start);
+        let soon = start + Duration::from_millis(10);
+        assert!(!pacer.publish_now(soon), "a change right after: later");
+        assert_eq!(pacer.due, Some(start + PUBLISH_INTERVAL));
+        assert!(
+            !pacer.publish_now(soon + Duration::from_millis(1)),
+            "more changes join the publish that is due"
+        );
+        assert_eq!(pacer.due, Some(start + PUBLISH_INTERVAL));
+        let due = start + PUBLISH_INTERVAL;
+        pacer.published(due);
+        assert_eq!(pacer.due, None);
+        let quiet = due + PUBLISH_INTERVAL * 3;
+        assert!(pacer.publish_now(quiet), "after a quiet spell: at once again");
+    }
+
+    #[test]
+    fn a_status_write_shares_every_other_rule_with_the_previous_snapshot() {
+        let shared = Shared::new(Default::default());
+        let readiness = Readiness::new(shared.clone());
+        let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (needs_tx, _needs_rx) = watch::channel(Arc::new(Inputs::default()));
+        let mut table = RuleTable::default();
+        table.apply(Input::Served(Some(Arc::new(served()))));
+        table.listed_cluster = true;
+        table.listed_namespaced = true;
+        for name in ["a", "b", "c"] {
+            table.upsert(observed(RuleId::cluster(name), &["Pod"]));
+        }
+        assert!(table.publish(&shared, &readiness, &snapshot_tx, &needs_tx));
+        let first = snapshot_rx.borrow().clone();
+        let index = shared.rules.load_full();
+        assert!(!table.publish(&shared, &readiness, &snapshot_tx, &needs_tx), "nothing new");
+
+        let mut written = observed(RuleId::cluster("b"), &["Pod"]);
+        written.resource_version = Some("2".into());
+        written.status = Some(RuleStatus::default());
+        table.upsert(written);
+        assert!(table.publish(&shared, &readiness, &snapshot_tx, &needs_tx));
+        let second = snapshot_rx.borrow().clone();
+        assert!(Arc::ptr_eq(&index, &shared.rules.load_full()), "the index is kept");
+        let same: Vec<bool> = first
+            .rules
+            .iter()
+            .zip(&second.rules)
+            .map(|(a, b)| Arc::ptr_eq(a, b))
+            .collect();
+        assert_eq!(same, [true, false, true]);
+        assert_eq!(second.rules[1].resource_version.as_deref(), Some("2"));
+        assert!(second.rules.iter().all(|r| r.verdict.is_ready()));
     }
 
     #[test]
