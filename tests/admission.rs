@@ -561,9 +561,9 @@ async fn namespace_selector_reads_the_namespace_labels() {
     let mut namespaces = NamespaceLabels::new();
     namespaces.insert(
         "payments".into(),
-        BTreeMap::from([("env".to_string(), "prod".to_string())]),
+        Arc::new(BTreeMap::from([("env".to_string(), "prod".to_string())])),
     );
-    namespaces.insert("shop".into(), BTreeMap::new());
+    namespaces.insert("shop".into(), Arc::new(BTreeMap::new()));
     shared.namespaces.store(Arc::new(namespaces));
     let pod = patched(&review, &mutate(&shared, &review).await);
     assert_eq!(

@@ -66,7 +66,10 @@ pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply 
         operation,
         namespace: request.namespace(),
         name: request.name(),
-        namespace_labels: request.namespace().and_then(|ns| namespaces.get(ns)),
+        namespace_labels: request
+            .namespace()
+            .and_then(|ns| namespaces.get(ns))
+            .map(|l| &**l),
         // One object can reach initium several times in one request (one call per webhook,
         // reinvocation): a rule runs at most once.
         ran_before: RanBefore::Listed {

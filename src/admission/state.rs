@@ -18,7 +18,9 @@ use crate::engine::{Limits as RuleLimits, LookupStore, RuleIndex};
 use crate::metrics::Metrics;
 
 /// Labels of every Namespace, by name (for `namespaceSelector`).
-pub type NamespaceLabels = HashMap<String, BTreeMap<String, String>>;
+/// Each Namespace's labels, shared between the duty's working copy and the published one
+/// (a cluster's thousands of Namespaces are not kept twice).
+pub type NamespaceLabels = HashMap<String, Arc<BTreeMap<String, String>>>;
 
 /// Settings of a running `initium serve` that the admission path needs.
 #[derive(Clone, Debug)]

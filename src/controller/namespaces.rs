@@ -26,7 +26,7 @@ impl Labels {
         let entry = |ns: PartialObjectMeta<Namespace>| {
             (
                 ns.metadata.name.unwrap_or_default(),
-                ns.metadata.labels.unwrap_or_default(),
+                Arc::new(ns.metadata.labels.unwrap_or_default()),
             )
         };
         match event {
@@ -164,7 +164,7 @@ mod tests {
         assert!(!labels.apply(watcher::Event::Init));
         assert!(!labels.apply(watcher::Event::InitApply(ns("a", &[("team", "x")]))));
         assert!(labels.apply(watcher::Event::InitDone));
-        assert_eq!(labels.current["a"], labels_of(&[("team", "x")]));
+        assert_eq!(*labels.current["a"], labels_of(&[("team", "x")]));
 
         assert!(
             !labels.apply(watcher::Event::Apply(ns("a", &[("team", "x")]))),

@@ -176,8 +176,9 @@ struct Entry {
     /// `spec.match.kinds` as written, for the Ready condition's messages.
     kinds: Vec<String>,
     compiled: Result<Arc<CompiledRule>, RuleErrors>,
-    /// `None` until the first publish after the spec was compiled has judged it.
-    verdict: Option<Verdict>,
+    /// Whether `view.verdict` was worked out (by a publish after the spec was compiled), or
+    /// is still the placeholder `Ready`.
+    judged: bool,
     /// What the snapshot shows of the rule, shared with every snapshot that holds it: a
     /// status write of one rule among ten thousand publishes ten thousand pointers, not ten
     /// thousand copies.
@@ -352,8 +353,8 @@ impl RuleTable {
             let mut rule_needs = Vec::new();
             for (id, entry) in &mut self.entries {
                 let verdict = verdict(id, &entry.kinds, &entry.compiled, &served);
-                if entry.verdict.as_ref() != Some(&verdict)
-                    && let Verdict::KindNotServed(m) | Verdict::KindNotAllowed(m) = &verdict
+                let changed = !entry.judged || entry.view.verdict != verdict;
+                if changed && let Verdict::KindNotServed(m) | Verdict::KindNotAllowed(m) = &verdict
                 {
                     tracing::warn!(rule = %id.describe(), reason = %m, "rule is not Ready");
                 }
@@ -361,11 +362,11 @@ impl RuleTable {
                     Arc::make_mut(&mut entry.view).verdict = verdict.clone();
                     self.snapshot_stale = true;
                 }
+                entry.judged = true;
                 if let (Ok(rule), true) = (&entry.compiled, verdict.is_ready()) {
                     ready.push(rule.clone());
                     rule_needs.push(RuleNeeds::of(rule));
                 }
-                entry.verdict = Some(verdict);
             }
             let total = self.entries.len();
             let ready_count = ready.len();
@@ -438,8 +439,8 @@ fn entry_for(
             spec_key,
             kinds: current.kinds.clone(),
             compiled: current.compiled.clone(),
-            verdict: current.verdict.clone(),
-            view: view(current.verdict.as_ref()),
+            judged: current.judged,
+            view: view(current.judged.then_some(&current.view.verdict)),
         };
         return (observed.id, entry, false);
     }
@@ -455,7 +456,7 @@ fn entry_for(
         spec_key,
         kinds: observed.spec.match_.kinds,
         compiled,
-        verdict: None,
+        judged: false,
         view,
     };
     (observed.id, entry, true)
@@ -964,7 +965,10 @@ mod tests {
         pacer.published(due);
         assert_eq!(pacer.due, None);
         let quiet = due + PUBLISH_INTERVAL * 3;
-        assert!(pacer.publish_now(quiet), "after a quiet spell: at once again");
+        assert!(
+            pacer.publish_now(quiet),
+            "after a quiet spell: at once again"
+        );
     }
 
     #[test]
@@ -983,7 +987,10 @@ mod tests {
         assert!(table.publish(&shared, &readiness, &snapshot_tx, &needs_tx));
         let first = snapshot_rx.borrow().clone();
         let index = shared.rules.load_full();
-        assert!(!table.publish(&shared, &readiness, &snapshot_tx, &needs_tx), "nothing new");
+        assert!(
+            !table.publish(&shared, &readiness, &snapshot_tx, &needs_tx),
+            "nothing new"
+        );
 
         let mut written = observed(RuleId::cluster("b"), &["Pod"]);
         written.resource_version = Some("2".into());
@@ -991,7 +998,10 @@ mod tests {
         table.upsert(written);
         assert!(table.publish(&shared, &readiness, &snapshot_tx, &needs_tx));
         let second = snapshot_rx.borrow().clone();
-        assert!(Arc::ptr_eq(&index, &shared.rules.load_full()), "the index is kept");
+        assert!(
+            Arc::ptr_eq(&index, &shared.rules.load_full()),
+            "the index is kept"
+        );
         let same: Vec<bool> = first
             .rules
             .iter()

@@ -231,7 +231,9 @@ impl Duty for Status {
                 let fingerprint = fingerprint(view, &status);
                 (already.get(&view.id) != Some(&fingerprint)).then_some((i, status, fingerprint))
             });
-            let results: Vec<_> = futures::stream::iter(work)
+            // Each result is handled as it comes, not collected: at start-up ten thousand of
+            // them (a `kube::Error` is large) would be held at once.
+            let mut results = futures::stream::iter(work)
                 .map(|(i, status, fingerprint)| {
                     let client = client.clone();
                     let rules = current.clone();
@@ -240,17 +242,19 @@ impl Duty for Status {
                         (i, fingerprint, result)
                     }
                 })
-                .buffer_unordered(CONCURRENT_WRITES)
-                .collect()
-                .await;
-            let attempted = results.len();
+                .buffer_unordered(CONCURRENT_WRITES);
+            let mut attempted = 0usize;
             let mut failed = 0usize;
-            for (i, fingerprint, result) in results {
+            // Positions and fingerprints (16 bytes each), recorded in `written` once the work
+            // list, which reads it, is done.
+            let mut done: Vec<(usize, u64)> = Vec::new();
+            while let Some((i, fingerprint, result)) = results.next().await {
+                attempted += 1;
                 let view = &current.rules[i];
                 match result {
                     Ok(()) => {
                         tracing::debug!(rule = %view.id.describe(), ready = view.verdict.is_ready(), "status written");
-                        written.insert(view.id.clone(), fingerprint);
+                        done.push((i, fingerprint));
                     }
                     // Changed or deleted since seen: the watch brings the news, then we decide again.
                     Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
@@ -261,6 +265,10 @@ impl Duty for Status {
                         tracing::warn!(rule = %view.id.describe(), error = %crate::report(&e), "writing the rule status failed");
                     }
                 }
+            }
+            drop(results);
+            for (i, fingerprint) in done {
+                written.insert(current.rules[i].id.clone(), fingerprint);
             }
             if failed > 0 {
                 retry = Some(backoff.failed(

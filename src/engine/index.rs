@@ -21,7 +21,9 @@ const PREFILTER_FROM: usize = 16;
 #[derive(Default, Debug)]
 struct Part {
     positions: Vec<u32>,
-    prefilter: Option<Prefilter>,
+    /// Boxed: most parts (a namespace's few rules) have none, and an index of ten thousand
+    /// rules has thousands of parts.
+    prefilter: Option<Box<Prefilter>>,
 }
 
 impl Part {
@@ -33,7 +35,7 @@ impl Part {
                 .filter_map(|p| rules.get(*p as usize).map(|r| &**r))
                 .collect();
             if members.len() == self.positions.len() {
-                self.prefilter = Some(Prefilter::new(&members));
+                self.prefilter = Some(Box::new(Prefilter::new(&members)));
             }
         }
     }

@@ -42,12 +42,14 @@ impl Lit {
             Lit::Null => Value::Null,
             Lit::Bool(b) => Value::Bool(*b),
             Lit::Number(n) => Value::Number(n.clone()),
-            Lit::String(s) => Value::String(s.to_string()),
+            // `String::from`, not `to_string`: a `Box<str>` has no fast `ToString`, it goes
+            // through the formatter.
+            Lit::String(s) => Value::String(String::from(&**s)),
             Lit::Array(items) => Value::Array(items.iter().map(Lit::to_value).collect()),
             Lit::Object(entries) => Value::Object(
                 entries
                     .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_value()))
+                    .map(|(k, v)| (String::from(&**k), v.to_value()))
                     .collect::<Map<String, Value>>(),
             ),
         }

@@ -479,7 +479,12 @@ fn run_review(case: &Value) -> Result<(), String> {
         .get("namespaces")
         .and_then(|n| serde_json::from_value(n.clone()).ok())
         .unwrap_or_default();
-    shared.namespaces.store(Arc::new(namespaces));
+    shared.namespaces.store(Arc::new(
+        namespaces
+            .into_iter()
+            .map(|(name, labels)| (name, Arc::new(labels)))
+            .collect(),
+    ));
     let path = match case.get("path").and_then(Value::as_str) {
         Some("/validate") => "/validate",
         _ => "/mutate",
