@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use axum_server::accept::Accept;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::MAX_BODY_BYTES;
@@ -216,7 +217,7 @@ impl Drop for Reservation {
 
 /// The innermost acceptor of the webhook server: takes a connection slot before the TLS
 /// handshake, and refuses (closes) the connection when there is none. The slot is given back
-/// when the connection closes.
+/// when the connection closes. It also sets `TCP_NODELAY` on the connections it keeps.
 #[derive(Clone, Debug)]
 pub(crate) struct ConnectionLimit {
     slots: Arc<Semaphore>,
@@ -232,20 +233,29 @@ impl ConnectionLimit {
     }
 }
 
-impl<I, S> Accept<I, S> for ConnectionLimit {
-    type Stream = Counted<I>;
+impl<S> Accept<TcpStream, S> for ConnectionLimit {
+    type Stream = Counted<TcpStream>;
     type Service = S;
-    type Future = Ready<io::Result<(Counted<I>, S)>>;
+    type Future = Ready<io::Result<(Counted<TcpStream>, S)>>;
 
-    fn accept(&self, stream: I, service: S) -> Self::Future {
+    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
         std::future::ready(match self.slots.clone().try_acquire_owned() {
-            Ok(slot) => Ok((
-                Counted {
-                    inner: stream,
-                    _slot: slot,
-                },
-                service,
-            )),
+            Ok(slot) => {
+                // An answer is written as several small TLS records (HTTP/2 HEADERS, then
+                // DATA); with Nagle's algorithm the later ones wait for the API server to
+                // acknowledge the first, which a delayed ACK can hold back for up to 40 ms.
+                // Go (the API server's side) sets TCP_NODELAY on every connection; so do we.
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::debug!(error = %e, "cannot set TCP_NODELAY on a webhook connection");
+                }
+                Ok((
+                    Counted {
+                        inner: stream,
+                        _slot: slot,
+                    },
+                    service,
+                ))
+            }
             // Dropping the stream closes the connection.
             Err(_) => Err(io::Error::other(format!(
                 "connection refused: {} connections are open (--max-connections)",
@@ -306,6 +316,27 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Counted<I> {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn kept_connections_have_nodelay_and_refused_ones_are_closed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let limit = ConnectionLimit::new(1);
+        let _client = TcpStream::connect(address).await.unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        assert!(!stream.nodelay().unwrap(), "off until the acceptor sets it");
+        let (kept, ()) = limit.accept(stream, ()).await.unwrap();
+        assert!(kept.inner.nodelay().unwrap());
+
+        let _second = TcpStream::connect(address).await.unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let refused = limit.accept(stream, ()).await.err().unwrap();
+        assert!(refused.to_string().contains("--max-connections"), "{refused}");
+        drop(kept);
+        let _third = TcpStream::connect(address).await.unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        assert!(limit.accept(stream, ()).await.is_ok(), "the slot came back");
+    }
 
     #[test]
     fn reservations_stay_within_the_pool_and_give_bytes_back() {
