@@ -331,7 +331,10 @@ mod tests {
         let _second = TcpStream::connect(address).await.unwrap();
         let (stream, _) = listener.accept().await.unwrap();
         let refused = limit.accept(stream, ()).await.err().unwrap();
-        assert!(refused.to_string().contains("--max-connections"), "{refused}");
+        assert!(
+            refused.to_string().contains("--max-connections"),
+            "{refused}"
+        );
         drop(kept);
         let _third = TcpStream::connect(address).await.unwrap();
         let (stream, _) = listener.accept().await.unwrap();
