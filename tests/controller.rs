@@ -443,6 +443,17 @@ async fn a_valid_rule_is_indexed_at_once_and_gets_ready() {
     let ready = wait_ready(&client, &id, "True", "Compiled").await;
     assert_eq!(ready.observed_generation, created.metadata.generation);
     eprintln!("Ready after {:?}", started.elapsed());
+    // Ready means in effect: by the time the status says so, the stored webhook
+    // configuration already sends Pods to initium (read once, not waited for).
+    let configuration = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get(&name)
+        .await
+        .expect("read the MutatingWebhookConfiguration");
+    assert_eq!(
+        summary(&configuration),
+        ["ignore.initium.dev: /v1 pods [CREATE]"],
+        "the rule was Ready before the webhook configuration covered it"
+    );
 
     // A new generation is compiled and acknowledged; the transition time stays (still True).
     Api::<MutationRule>::namespaced(client.clone(), &team)

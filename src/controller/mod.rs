@@ -299,6 +299,7 @@ pub async fn run(
     let (served_tx, served_rx) = watch::channel(None);
     let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(rules::Snapshot::default()));
     let (needs_tx, needs_rx) = watch::channel(Arc::new(webhooks::Inputs::default()));
+    let (applied_tx, applied_rx) = watch::channel(None);
     let ca_bundle = tls.ca_bundle_receiver();
 
     // Every duty of the controller, one line each.
@@ -352,6 +353,8 @@ pub async fn run(
     duties.start(status::Status::new(
         client.clone(),
         snapshot_rx,
+        needs_rx.clone(),
+        applied_rx,
         leader.clone(),
     ));
     duties.start(webhooks::Webhooks::new(
@@ -361,6 +364,7 @@ pub async fn run(
         needs_rx,
         ca_bundle,
         leader.clone(),
+        applied_tx,
     ));
     duties.start(certificates::Certificates::new(
         tls,

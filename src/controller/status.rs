@@ -2,7 +2,7 @@
 //!
 //! | Ready | reason           | when                                                         |
 //! |-------|------------------|--------------------------------------------------------------|
-//! | True  | `Compiled`       | compiled, every kind served: in the index                    |
+//! | True  | `Compiled`       | compiled, every kind served: in the index, and the stored webhook configuration sends its objects to initium |
 //! | False | `InvalidRule`    | does not compile; the message lists every error by field path |
 //! | False | `KindNotServed`  | a pattern in `match.kinds` matches no served kind            |
 //! | False | `KindNotAllowed` | a pattern matches only kinds initium never intercepts        |
@@ -31,6 +31,7 @@ use tokio::sync::watch;
 
 use super::duty::{Context, Duty};
 use super::rules::{RuleView, Snapshot, Verdict};
+use super::webhooks::Inputs;
 use super::{ControllerError, FIELD_MANAGER, Leader};
 use crate::api::{ClusterMutationRule, MutationRule, RuleStatus};
 use crate::engine::RuleId;
@@ -161,9 +162,17 @@ fn fingerprint(view: &RuleView, status: &RuleStatus) -> u64 {
 /// The `status` duty: while this replica holds the Lease, brings every rule's status in line
 /// with its verdict, after every snapshot and on gaining the Lease; failed writes are retried
 /// with backoff.
+///
+/// `Ready=True` means the rule is in effect: besides being in the index, the stored
+/// MutatingWebhookConfiguration must send its objects to initium. So a Ready verdict is
+/// written only once the `webhooks` duty has applied the webhook inputs published with it
+/// (`applied` equals `needs`); until then the rule keeps the status it has, and the duty
+/// looks again when `applied` changes. Verdicts that are not Ready are written at once.
 pub(crate) struct Status {
     client: Client,
     snapshot: watch::Receiver<Arc<Snapshot>>,
+    needs: watch::Receiver<Arc<Inputs>>,
+    applied: watch::Receiver<Option<Arc<Inputs>>>,
     leader: Leader,
 }
 
@@ -171,14 +180,31 @@ impl Status {
     pub(crate) fn new(
         client: Client,
         snapshot: watch::Receiver<Arc<Snapshot>>,
+        needs: watch::Receiver<Arc<Inputs>>,
+        applied: watch::Receiver<Option<Arc<Inputs>>>,
         leader: Leader,
     ) -> Status {
         Status {
             client,
             snapshot,
+            needs,
+            applied,
             leader,
         }
     }
+}
+
+/// Whether the webhook configuration `applied` (what the `webhooks` duty last stored) covers
+/// what `needs` (the inputs published with the current index) asks for: only then are the
+/// index's Ready rules in effect.
+fn webhooks_in_effect(needs: &Arc<Inputs>, applied: Option<&Arc<Inputs>>) -> bool {
+    applied.is_some_and(|applied| Arc::ptr_eq(applied, needs) || **applied == **needs)
+}
+
+/// Whether a rule's status may be written now: a Ready verdict waits until its objects are
+/// sent to initium (`in_effect`), any other verdict does not wait.
+fn may_write(view: &RuleView, in_effect: bool) -> bool {
+    in_effect || !view.verdict.is_ready()
 }
 
 impl Duty for Status {
@@ -188,6 +214,8 @@ impl Duty for Status {
         let Status {
             client,
             snapshot,
+            needs,
+            applied,
             leader,
         } = self;
         // What was written last per rule, with the resourceVersion it was written over (a
@@ -207,6 +235,7 @@ impl Duty for Status {
             tokio::select! {
                 () = context.stop.wait() => return Ok(()),
                 changed = snapshot.changed() => if changed.is_err() { return Ok(()) },
+                Ok(()) = applied.changed() => {}
                 () = leader.changed() => {}
                 () = retry_due => {}
             }
@@ -216,6 +245,12 @@ impl Duty for Status {
                 continue;
             }
             let current = snapshot.borrow_and_update().clone();
+            // Read after the snapshot: the rules duty publishes the inputs first, so these are
+            // at least as new as the snapshot's verdicts.
+            let in_effect = {
+                let needs = needs.borrow().clone();
+                webhooks_in_effect(&needs, applied.borrow_and_update().as_ref())
+            };
             // The snapshot is sorted by id.
             written.retain(|id, _| current.rules.binary_search_by(|r| r.id.cmp(id)).is_ok());
             let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -227,6 +262,9 @@ impl Duty for Status {
             let rules = current.clone();
             let work = (0..current.rules.len()).filter_map(move |i| {
                 let view = &rules.rules[i];
+                if !may_write(view, in_effect) {
+                    return None;
+                }
                 let status = desired_status(view, &now)?;
                 let fingerprint = fingerprint(view, &status);
                 (already.get(&view.id) != Some(&fingerprint)).then_some((i, status, fingerprint))
@@ -300,6 +338,37 @@ mod tests {
             resource_version: Some("1".into()),
             status: status.map(Arc::new),
             verdict,
+        }
+    }
+
+    #[test]
+    fn a_ready_verdict_waits_for_the_webhook_configuration_and_others_do_not() {
+        let needs = Arc::new(Inputs {
+            rules: Vec::new(),
+            served: Some(Arc::new(crate::controller::discovery::tests::served())),
+        });
+        // Nothing applied yet (or not the leader): not in effect.
+        assert!(!webhooks_in_effect(&needs, None));
+        // What was applied before discovery was read: not what the index needs.
+        let older = Arc::new(Inputs::default());
+        assert!(!webhooks_in_effect(&needs, Some(&older)));
+        // The same inputs, or equal ones published anew: in effect.
+        assert!(webhooks_in_effect(&needs, Some(&needs)));
+        let equal = Arc::new((*needs).clone());
+        assert!(webhooks_in_effect(&needs, Some(&equal)));
+
+        let ready = view(Verdict::Ready, 1, None);
+        assert!(!may_write(&ready, false), "Ready waits");
+        assert!(may_write(&ready, true));
+        for verdict in [
+            Verdict::Invalid("spec.x: bad".into()),
+            Verdict::KindNotServed("spec.y".into()),
+            Verdict::KindNotAllowed("spec.z".into()),
+        ] {
+            assert!(
+                may_write(&view(verdict, 1, None), false),
+                "not Ready: at once"
+            );
         }
     }
 

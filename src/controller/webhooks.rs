@@ -587,7 +587,10 @@ where
 
 /// The `webhooks` duty: while this replica holds the Lease, keeps both configurations as
 /// desired: after every change of the Ready rules, discovery or the caBundle, on gaining the
-/// Lease, and every `resync_interval` (repairing edits and deletions).
+/// Lease, and every `resync_interval` (repairing edits and deletions). After each successful
+/// pass it publishes the inputs the stored configuration now reflects (`applied`; `None`
+/// while it does not hold the Lease), which the `status` duty waits for before it calls a
+/// rule Ready.
 pub(crate) struct Webhooks {
     client: Client,
     config: Arc<ControllerConfig>,
@@ -595,6 +598,7 @@ pub(crate) struct Webhooks {
     needs: watch::Receiver<Arc<Inputs>>,
     ca_bundle: watch::Receiver<Option<Vec<u8>>>,
     leader: Leader,
+    applied: watch::Sender<Option<Arc<Inputs>>>,
 }
 
 impl Webhooks {
@@ -605,6 +609,7 @@ impl Webhooks {
         needs: watch::Receiver<Arc<Inputs>>,
         ca_bundle: watch::Receiver<Option<Vec<u8>>>,
         leader: Leader,
+        applied: watch::Sender<Option<Arc<Inputs>>>,
     ) -> Webhooks {
         Webhooks {
             client,
@@ -613,6 +618,7 @@ impl Webhooks {
             needs,
             ca_bundle,
             leader,
+            applied,
         }
     }
 }
@@ -628,6 +634,7 @@ impl Duty for Webhooks {
             needs,
             ca_bundle,
             leader,
+            applied,
         } = self;
         let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
         let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
@@ -643,6 +650,9 @@ impl Duty for Webhooks {
             }
             wait = config.resync_interval;
             if !leader.is_leader() {
+                // Another replica writes the configuration now: what this one wrote says
+                // nothing about what is stored.
+                applied.send_if_modified(|a| a.take().is_some());
                 continue;
             }
             let inputs = needs.borrow_and_update().clone();
@@ -668,6 +678,13 @@ impl Duty for Webhooks {
             match result {
                 Ok((wrote_mutating, wrote_validating)) => {
                     backoff.succeeded();
+                    applied.send_if_modified(|current| {
+                        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &inputs)) {
+                            return false;
+                        }
+                        *current = Some(inputs.clone());
+                        true
+                    });
                     if wrote_mutating {
                         let webhooks = desired_mutating.webhooks.as_deref().unwrap_or_default();
                         tracing::info!(
