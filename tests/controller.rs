@@ -882,9 +882,18 @@ async fn one_replica_writes_and_another_takes_over_when_it_stops() {
         excluded_namespaces(&configuration),
         [[home.clone(), "only-a".into()]]
     );
-    // Both replicas index the rule; only the leader writes. The follower resyncs every
+    // Both replicas index the rule (each from its own watch: the follower's may come a
+    // moment after the leader's write); only the leader writes. The follower resyncs every
     // second: over a few seconds it would have overwritten the exclusions.
-    assert_eq!(b.indexed(), [format!("{team}/pods")]);
+    eventually("the follower to index the rule", TIMEOUT, || async {
+        let indexed = b.indexed();
+        if indexed == [format!("{team}/pods")] {
+            Ok(())
+        } else {
+            Err(format!("{indexed:?}"))
+        }
+    })
+    .await;
     let watch_until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < watch_until {
         let current = Api::<MutatingWebhookConfiguration>::all(client.clone())
