@@ -8,10 +8,10 @@
 //! failed either; the rules they keep are matched in full. A rule that changes the object
 //! can make a later rule match: the facets that read a part it touched are looked up again.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::LazyLock;
 
-use regex::{RegexSet, RegexSetBuilder};
+use regex::{Regex, RegexSet, RegexSetBuilder};
 use serde_json::{Map, Value};
 
 use crate::api::Operation;
@@ -233,9 +233,17 @@ struct PathFilter {
     /// The rules whose pattern is anchored at the start and begins with a literal, by that
     /// literal: a value matches only if it starts with it (a lookup, not a regex search).
     prefixes: Affixes,
-    /// The other patterns, and the rule of each pattern.
+    /// The other patterns, and the rule of each pattern...
     sets: Vec<(RegexSet, Vec<u32>)>,
+    /// ...or, where a path has only a few, each rule's own regex: a search for one pattern
+    /// uses its literal prefilters and stops at the first match, where a set must report
+    /// every pattern that matches (a profile put a one-pattern set at a tenth of an
+    /// admission).
+    singles: Vec<(Regex, u32)>,
 }
+
+/// Patterns of one path searched one by one rather than as a set.
+const SINGLES_UP_TO: usize = 4;
 
 /// The literal text every match of `pattern` starts the haystack with, when the pattern says
 /// so plainly: `^` then literal characters (`\.`-style escapes of punctuation included), as in
@@ -296,6 +304,11 @@ impl PathFilter {
                     .and_then(|p| self.prefixes.by_text.get(p))
                 {
                     members.add_to(out);
+                }
+            }
+            for (regex, offset) in &self.singles {
+                if regex.is_match(text) {
+                    insert(out, *offset as usize);
                 }
             }
             for (set, offsets) in &self.sets {
@@ -439,13 +452,13 @@ impl Prefilter {
         let mut namespace_selector = empty();
         let (mut label_free, mut name_free, mut annotation_free, mut condition_free) =
             (empty(), empty(), empty(), empty());
-        let mut label_values: HashMap<String, Keyed> = HashMap::new();
+        let mut label_values: HashMap<String, Keyed> = HashMap::default();
         let mut label_keys = Keyed::default();
         let (mut prefixes, mut suffixes, mut annotation_keys) =
             (Keyed::default(), Keyed::default(), Keyed::default());
-        // Patterns by path text: (the query, (pattern, offset)...).
-        let mut patterns: Vec<(&Query, Vec<(&str, u32)>)> = Vec::new();
-        let mut path_of: HashMap<&str, usize> = HashMap::new();
+        // Patterns by path text: (the query, (regex, offset)...).
+        let mut patterns: Vec<(&Query, Vec<(&Regex, u32)>)> = Vec::new();
+        let mut path_of: HashMap<&str, usize> = HashMap::default();
 
         for (offset, rule) in rules.iter().enumerate() {
             let at = offset as u32;
@@ -493,7 +506,7 @@ impl Prefilter {
                         patterns.len() - 1
                     });
                     if let Some((_, list)) = patterns.get_mut(slot) {
-                        list.push((regex.as_str(), at));
+                        list.push((regex, at));
                     }
                 }
                 None => insert(&mut condition_free, offset),
@@ -520,42 +533,51 @@ impl Prefilter {
             let mut members = empty();
             let mut prefixes = Keyed::default();
             let mut searched = Vec::new();
-            for (pattern, offset) in list {
-                match anchored_prefix(pattern) {
+            for (regex, offset) in list {
+                match anchored_prefix(regex.as_str()) {
                     Some(prefix) => {
                         prefixes.add(&prefix, offset);
                         insert(&mut members, offset as usize);
                     }
-                    None => searched.push((pattern, offset)),
+                    None => searched.push((regex, offset)),
                 }
             }
             let mut sets = Vec::new();
-            for chunk in searched.chunks(REGEXES_PER_SET) {
-                let built = RegexSetBuilder::new(chunk.iter().map(|(pattern, _)| *pattern))
-                    .size_limit(SET_SIZE_LIMIT)
-                    .dfa_size_limit(SET_DFA_SIZE_LIMIT)
-                    .build();
-                for (_, offset) in chunk {
-                    insert(
-                        if built.is_ok() {
-                            &mut members
-                        } else {
-                            &mut condition_free
-                        },
-                        *offset as usize,
-                    );
+            let mut singles = Vec::new();
+            if searched.len() <= SINGLES_UP_TO {
+                for (regex, offset) in searched {
+                    insert(&mut members, offset as usize);
+                    singles.push((regex.clone(), offset));
                 }
-                if let Ok(set) = built {
-                    sets.push((set, chunk.iter().map(|(_, offset)| *offset).collect()));
+            } else {
+                for chunk in searched.chunks(REGEXES_PER_SET) {
+                    let built = RegexSetBuilder::new(chunk.iter().map(|(regex, _)| regex.as_str()))
+                        .size_limit(SET_SIZE_LIMIT)
+                        .dfa_size_limit(SET_DFA_SIZE_LIMIT)
+                        .build();
+                    for (_, offset) in chunk {
+                        insert(
+                            if built.is_ok() {
+                                &mut members
+                            } else {
+                                &mut condition_free
+                            },
+                            *offset as usize,
+                        );
+                    }
+                    if let Ok(set) = built {
+                        sets.push((set, chunk.iter().map(|(_, offset)| *offset).collect()));
+                    }
                 }
             }
             let prefixes = Affixes::new(prefixes, len);
-            if !sets.is_empty() || !prefixes.lengths.is_empty() {
+            if !sets.is_empty() || !singles.is_empty() || !prefixes.lengths.is_empty() {
                 paths.push(PathFilter {
                     query: query.clone(),
                     members,
                     prefixes,
                     sets,
+                    singles,
                 });
             }
         }

@@ -289,6 +289,47 @@ fn annotations_operations_and_regexes_keep_rules_the_object_can_satisfy() {
 }
 
 #[test]
+fn a_few_patterns_on_a_path_are_searched_one_by_one_and_many_as_a_set() {
+    let rule = |name: &str, pattern: &str| {
+        cmr(
+            name,
+            json!({"match": {"kinds": ["Pod"]}, "conditions": [
+            {"path": "$.spec.containers[*].image", "matches": pattern}]}),
+        )
+    };
+    let few = compiled(&[
+        rule("cart", "cart"),
+        rule("redis", "redis$"),
+        rule("web", "we+b"),
+    ]);
+    let many = compiled(&[
+        rule("cart", "cart"),
+        rule("redis", "redis$"),
+        rule("web", "we+b"),
+        rule("digits", "[0-9]{3}"),
+        rule("nginx", "(?i)NGINX"),
+        rule("example", "example\\.com"),
+    ]);
+    let refs = |rules: &[CompiledRule]| -> (usize, usize) {
+        let refs: Vec<&CompiledRule> = rules.iter().collect();
+        let prefilter = Prefilter::new(&refs);
+        let path = &prefilter.conditions.paths[0];
+        (path.singles.len(), path.sets.len())
+    };
+    assert_eq!(refs(&few), (3, 0));
+    assert_eq!(refs(&many), (0, 1));
+    let gvk = Gvk::new("", "v1", "Pod");
+    let create = subject(&gvk, Operation::Create, None);
+    let object = pod(json!({"name": "p"}), &["shop/cart:1", "weeeb", "nginx:404"]);
+    assert_eq!(kept(&few, &create, &object), ["cart", "web"]);
+    assert_eq!(
+        kept(&many, &create, &object),
+        ["cart", "web", "digits", "nginx"]
+    );
+    assert!(kept(&few, &create, &pod(json!({"name": "p"}), &["busybox"])).is_empty());
+}
+
+#[test]
 fn rules_with_a_namespace_selector_are_kept_where_it_cannot_be_told() {
     let rules = compiled(&[
         cmr(
