@@ -177,12 +177,14 @@ impl RuleIndex {
         let namespace = rules_namespace(subject, &object);
         let namespaced_object = subject.namespace.is_some_and(|n| !n.is_empty());
         let mut candidates = self.candidate_cursor(subject.gvk, namespace, namespaced_object);
+        let spare = if candidates.is_empty() { 0 } else { 8 };
 
         let mut outcome = Outcome {
             object: Value::Null,
             ops: Vec::new(),
-            matched: Vec::new(),
-            applied: Vec::new(),
+            // Room for a few rules where there are candidates (most objects have none).
+            matched: Vec::with_capacity(spare),
+            applied: Vec::with_capacity(spare),
             skipped: Vec::new(),
             warnings: Vec::new(),
             budget_exceeded: false,
@@ -525,9 +527,9 @@ fn record_provenance(object: &mut Value, applied: &[RuleId]) {
         .map(|s| listed(s).map(String::from).collect())
         .unwrap_or_default();
     for id in applied {
-        let id = id.to_string();
-        if !list.contains(&id) {
-            list.push(id);
+        let name = id.written();
+        if !list.contains(&name) {
+            list.push(name);
         }
     }
     annotations.insert(

@@ -2,7 +2,7 @@
 //! looking at rules for other kinds or other namespaces; among the candidates of one kind and
 //! namespace, prefilters (`prefilter.rs`) rule out at once the rules that cannot match.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -305,6 +305,11 @@ impl<'i> Candidates<'i> {
                 cursor.peeked = None;
             }
         }
+    }
+
+    /// True when no rule is a candidate.
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
     }
 
     /// The next candidate, in order.

@@ -11,7 +11,7 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde_json::Value;
 
-use super::path::{Pointer, lookup};
+use super::path::{Pointer, Resolver, lookup};
 
 /// Prior values of the parts a rule touched, in the order it touched them.
 #[derive(Default, Debug)]
@@ -148,6 +148,9 @@ impl Changes {
     /// Takes in a successful rule's journal. A part already known keeps its older original;
     /// a part that contains known parts gets their originals put back into its own.
     pub fn absorb(&mut self, journal: Journal) {
+        if self.entries.capacity() == 0 {
+            self.entries.reserve(16);
+        }
         for (pointer, mut prior) in journal.entries {
             if self.index.covers(&self.entries, &pointer) {
                 continue;
@@ -188,10 +191,18 @@ impl Changes {
     /// The RFC 6902 operations that turn the original into `doc`; their values are read
     /// from `doc` when the patch is written.
     pub fn patch(&self, doc: &Value) -> Vec<PatchOp> {
-        let mut ops = Vec::new();
+        let mut ops = Vec::with_capacity(self.entries.len() + 4);
+        let mut resolver = Resolver::new(doc);
+        let mut path = String::with_capacity(128);
         for (pointer, prior) in &self.entries {
-            let mut path = pointer.as_str().to_string();
-            diff(prior.as_ref(), pointer.get(doc), &mut path, &mut ops);
+            path.clear();
+            path.push_str(pointer.as_str());
+            diff(
+                prior.as_ref(),
+                resolver.get(pointer.as_str()),
+                &mut path,
+                &mut ops,
+            );
         }
         ops
     }
@@ -315,6 +326,7 @@ impl PatchOp {
 
 /// Writes the operations as an RFC 6902 JSON document, values straight from `doc`.
 pub fn write_patch(ops: &[PatchOp], doc: &Value, out: &mut Vec<u8>) -> serde_json::Result<()> {
+    let mut resolver = Resolver::new(doc);
     out.push(b'[');
     for (i, op) in ops.iter().enumerate() {
         if i > 0 {
@@ -326,7 +338,7 @@ pub fn write_patch(ops: &[PatchOp], doc: &Value, out: &mut Vec<u8>) -> serde_jso
         serde_json::to_writer(&mut *out, op.path())?;
         if !matches!(op, PatchOp::Remove(_)) {
             out.extend_from_slice(b",\"value\":");
-            serde_json::to_writer(&mut *out, lookup(doc, op.path()).unwrap_or(&Value::Null))?;
+            serde_json::to_writer(&mut *out, resolver.get(op.path()).unwrap_or(&Value::Null))?;
         }
         out.push(b'}');
     }
@@ -383,13 +395,16 @@ pub(crate) fn diff(
 }
 
 fn push_index(path: &mut String, i: usize) {
-    use std::fmt::Write;
     path.push('/');
-    let _ = write!(path, "{i}");
+    super::path::push_index(path, i);
 }
 
 fn push_token(path: &mut String, token: &str) {
     path.push('/');
+    if !token.bytes().any(|b| b == b'~' || b == b'/') {
+        path.push_str(token);
+        return;
+    }
     for c in token.chars() {
         match c {
             '~' => path.push_str("~0"),

@@ -141,6 +141,9 @@ pub(crate) fn merge<P: MergePatch>(target: &mut Value, patch: &P) {
     for (key, value) in entries {
         if value.is_null() {
             map.remove(key);
+        } else if let Some(existing) = map.get_mut(key) {
+            // Looked up first: `entry` takes an owned key, an allocation per key merged.
+            merge(existing, value);
         } else {
             merge(map.entry(key).or_insert(Value::Null), value);
         }

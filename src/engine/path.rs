@@ -69,17 +69,8 @@ impl Pointer {
     }
 
     /// The decoded tokens, each with the byte length of the pointer up to and including it.
-    pub fn tokens(&self) -> impl Iterator<Item = (Cow<'_, str>, usize)> {
-        let mut offset = 0;
-        let segments = if self.text.is_empty() {
-            None
-        } else {
-            Some(self.text[1..].split('/'))
-        };
-        segments.into_iter().flatten().map(move |raw| {
-            offset += 1 + raw.len();
-            (unescape(raw), offset)
-        })
+    pub fn tokens(&self) -> Tokens<'_> {
+        Tokens::of(&self.text)
     }
 
     /// The pointer made of the first `len` bytes of this one (a `tokens()` offset).
@@ -91,9 +82,10 @@ impl Pointer {
 
     /// `self` followed by `rest`.
     pub fn join(&self, rest: &Pointer) -> Pointer {
-        Pointer {
-            text: format!("{}{}", self.text, rest.text),
-        }
+        let mut text = String::with_capacity(self.text.len() + rest.text.len());
+        text.push_str(&self.text);
+        text.push_str(&rest.text);
+        Pointer { text }
     }
 
     /// `self` with one more token.
@@ -106,6 +98,15 @@ impl Pointer {
         Pointer { text }
     }
 
+    /// `self` with one more token, a list index.
+    pub fn child_index(&self, index: usize) -> Pointer {
+        let mut text = String::with_capacity(self.text.len() + 4);
+        text.push_str(&self.text);
+        text.push('/');
+        push_index(&mut text, index);
+        Pointer { text }
+    }
+
     pub fn parent(&self) -> Option<Pointer> {
         let at = self.text.rfind('/')?;
         Some(Pointer {
@@ -115,9 +116,44 @@ impl Pointer {
 
     /// True when `self` is `other` or one of its ancestors.
     pub fn contains(&self, other: &Pointer) -> bool {
-        other.text.starts_with(&self.text)
-            && (other.text.len() == self.text.len()
-                || other.text.as_bytes()[self.text.len()] == b'/')
+        let (mine, theirs) = (self.text.as_bytes(), other.text.as_bytes());
+        let n = mine.len();
+        // Most pointers compared share their first tokens (`/spec/containers/...`) and differ
+        // at the end: the boundary and the last byte rule most of them out before the
+        // comparison of the whole prefix.
+        theirs.len() >= n
+            && (theirs.len() == n || theirs[n] == b'/')
+            && (n == 0 || theirs[n - 1] == mine[n - 1])
+            && theirs.starts_with(mine)
+    }
+
+    /// A copy with room to [`Pointer::push`] a few tokens without growing.
+    pub fn buffer(&self) -> Pointer {
+        let mut text = String::with_capacity(self.text.len() + 64);
+        text.push_str(&self.text);
+        Pointer { text }
+    }
+
+    /// Appends a token in place (a pointer reused while walking a tree) and returns the
+    /// length to [`Pointer::truncate`] back to.
+    pub fn push(&mut self, token: &str) -> usize {
+        let len = self.text.len();
+        self.text.push('/');
+        self.text.push_str(&escape(token));
+        len
+    }
+
+    /// [`Pointer::push`] for a list index.
+    pub fn push_index(&mut self, index: usize) -> usize {
+        let len = self.text.len();
+        self.text.push('/');
+        push_index(&mut self.text, index);
+        len
+    }
+
+    /// Cuts the pointer back to `len` bytes, a length [`Pointer::push`] returned.
+    pub fn truncate(&mut self, len: usize) {
+        self.text.truncate(len);
     }
 
     /// The part of `other` below `self` (which must contain it).
@@ -237,13 +273,106 @@ impl Pointer {
 /// The value at an encoded pointer (one this module built), without allocating for plain
 /// tokens.
 pub fn lookup<'a>(doc: &'a Value, pointer: &str) -> Option<&'a Value> {
-    if pointer.is_empty() {
-        return Some(doc);
+    if !pointer.is_empty() && !pointer.starts_with('/') {
+        return None;
     }
-    pointer
-        .strip_prefix('/')?
-        .split('/')
-        .try_fold(doc, |v, raw| step(v, &unescape(raw)))
+    Tokens::of(pointer).try_fold(doc, |v, (t, _)| step(v, &t))
+}
+
+/// Looks up one pointer after another in the same document, starting each from the deepest
+/// value the previous one reached on the way they share: the pointers of a patch come in runs
+/// under the same parents (`/spec/containers/0/env/4`, `/spec/containers/0/volumeMounts/2`),
+/// and every step down an object is a key search.
+pub(crate) struct Resolver<'d> {
+    doc: &'d Value,
+    /// The last pointer looked up.
+    text: String,
+    /// The values found along it: (byte length of the pointer up to the step, value).
+    steps: Vec<(usize, &'d Value)>,
+}
+
+impl<'d> Resolver<'d> {
+    pub fn new(doc: &'d Value) -> Resolver<'d> {
+        Resolver {
+            doc,
+            text: String::with_capacity(64),
+            steps: Vec::with_capacity(8),
+        }
+    }
+
+    /// The value at the encoded pointer `pointer`, as [`lookup`] finds it.
+    pub fn get(&mut self, pointer: &str) -> Option<&'d Value> {
+        if !pointer.is_empty() && !pointer.starts_with('/') {
+            return None;
+        }
+        let shared = self
+            .text
+            .bytes()
+            .zip(pointer.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        let bytes = pointer.as_bytes();
+        while let Some(&(end, _)) = self.steps.last() {
+            if end <= shared && (end == bytes.len() || bytes.get(end) == Some(&b'/')) {
+                break;
+            }
+            self.steps.pop();
+        }
+        let (start, mut current) = self.steps.last().copied().unwrap_or((0, self.doc));
+        self.text.clear();
+        self.text.push_str(pointer);
+        for (token, end) in Tokens::of(pointer.get(start..).unwrap_or_default()) {
+            current = step(current, &token)?;
+            self.steps.push((start + end, current));
+        }
+        Some(current)
+    }
+}
+
+/// The decoded tokens of an encoded pointer, each with the byte length of the pointer up to
+/// and including it. One pass over the bytes finds both the end of a token and whether it
+/// holds an escape: lookups on the admission path walk pointers all the time, and splitting
+/// then searching each token for `~` cost a tenth of an admission.
+pub struct Tokens<'a> {
+    /// What is left after the `/` that starts the next token; `None` when done.
+    rest: Option<&'a str>,
+    offset: usize,
+}
+
+impl<'a> Tokens<'a> {
+    fn of(text: &'a str) -> Tokens<'a> {
+        Tokens {
+            rest: text.strip_prefix('/'),
+            offset: 0,
+        }
+    }
+}
+
+impl<'a> Iterator for Tokens<'a> {
+    type Item = (Cow<'a, str>, usize);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.rest?;
+        let mut end = rest.len();
+        let mut escaped = false;
+        for (i, b) in rest.bytes().enumerate() {
+            if b == b'/' {
+                end = i;
+                break;
+            }
+            escaped |= b == b'~';
+        }
+        let raw = &rest[..end];
+        // `None` past the last token (there is no `/` at `end`).
+        self.rest = rest.get(end + 1..);
+        self.offset += 1 + end;
+        let token = if escaped {
+            unescape(raw)
+        } else {
+            Cow::Borrowed(raw)
+        };
+        Some((token, self.offset))
+    }
 }
 
 fn unescape(raw: &str) -> Cow<'_, str> {
@@ -271,7 +400,7 @@ fn unescape(raw: &str) -> Cow<'_, str> {
 }
 
 fn escape(token: &str) -> Cow<'_, str> {
-    if !token.contains(['~', '/']) {
+    if !token.bytes().any(|b| b == b'~' || b == b'/') {
         return token.into();
     }
     let mut out = String::with_capacity(token.len() + 2);
@@ -538,6 +667,28 @@ impl Query {
             .unwrap_or_default())
     }
 
+    /// For a simple query, how many values it selects (without collecting them); `None`
+    /// for any other query.
+    pub(crate) fn count_simple(&self, doc: &Value) -> Option<usize> {
+        let steps = self.simple.as_ref()?;
+        let mut count = 0;
+        walk_count(doc, steps, &mut count);
+        Some(count)
+    }
+
+    /// For a simple query, calls `visit` with each selected value (to change) and its
+    /// pointer, in the order of [`Query::locate`], stopping at the first error; `None` for any
+    /// other query. The values a simple query selects are all at one depth, so none holds
+    /// another: changing one inside cannot move or remove the next.
+    pub(crate) fn visit_simple_mut<E>(
+        &self,
+        doc: &mut Value,
+        visit: &mut impl FnMut(&mut Value, &Pointer) -> Result<(), E>,
+    ) -> Option<Result<(), E>> {
+        let steps = self.simple.as_ref()?;
+        Some(walk_mut(doc, steps, &mut Pointer::root().buffer(), visit))
+    }
+
     /// The pointers of the selected values, in document order.
     pub fn locate(&self, doc: &Value) -> Result<Vec<Pointer>, QueryError> {
         if let Some(steps) = &self.simple {
@@ -745,10 +896,13 @@ fn walk<'a>(
         emit(node, path);
         return;
     };
-    let mut visit = |child: &'a Value, token: &str, path: &mut String| {
+    let mut visit = |child: &'a Value, token: Token, path: &mut String| {
         let len = path.len();
         path.push('/');
-        path.push_str(&escape(token));
+        match token {
+            Token::Name(name) => path.push_str(&escape(name)),
+            Token::Index(i) => push_index(path, i),
+        }
         walk(child, rest, path, emit);
         path.truncate(len);
     };
@@ -756,7 +910,7 @@ fn walk<'a>(
         (Step::Names(names), Value::Object(map)) => {
             for name in names {
                 if let Some(child) = map.get(name) {
-                    visit(child, name, path);
+                    visit(child, Token::Name(name), path);
                 }
             }
         }
@@ -764,20 +918,131 @@ fn walk<'a>(
             let len = items.len() as i64;
             let at = if *i < 0 { len + i } else { *i };
             if (0..len).contains(&at) {
-                visit(&items[at as usize], &at.to_string(), path);
+                visit(&items[at as usize], Token::Index(at as usize), path);
             }
         }
         (Step::Wildcard, Value::Object(map)) => {
             for (key, child) in map {
-                visit(child, key, path);
+                visit(child, Token::Name(key), path);
             }
         }
         (Step::Wildcard, Value::Array(items)) => {
             for (i, child) in items.iter().enumerate() {
-                visit(child, &i.to_string(), path);
+                visit(child, Token::Index(i), path);
             }
         }
         _ => {}
+    }
+}
+
+/// [`walk_values`] counting.
+fn walk_count(node: &Value, steps: &[Step], count: &mut usize) {
+    let Some((step, rest)) = steps.split_first() else {
+        *count += 1;
+        return;
+    };
+    match (step, node) {
+        (Step::Names(names), Value::Object(map)) => {
+            for name in names {
+                if let Some(child) = map.get(name) {
+                    walk_count(child, rest, count);
+                }
+            }
+        }
+        (Step::Index(i), Value::Array(items)) => {
+            let len = items.len() as i64;
+            let at = if *i < 0 { len + i } else { *i };
+            if let Some(child) = usize::try_from(at).ok().and_then(|at| items.get(at)) {
+                walk_count(child, rest, count);
+            }
+        }
+        (Step::Wildcard, Value::Object(map)) => {
+            for child in map.values() {
+                walk_count(child, rest, count);
+            }
+        }
+        (Step::Wildcard, Value::Array(items)) => {
+            for child in items {
+                walk_count(child, rest, count);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// [`walk`] with each selected value lent out to change, its pointer built in one buffer.
+fn walk_mut<E>(
+    node: &mut Value,
+    steps: &[Step],
+    path: &mut Pointer,
+    visit: &mut impl FnMut(&mut Value, &Pointer) -> Result<(), E>,
+) -> Result<(), E> {
+    let Some((step, rest)) = steps.split_first() else {
+        return visit(node, path);
+    };
+    match (step, node) {
+        (Step::Names(names), Value::Object(map)) => {
+            for name in names {
+                if let Some(child) = map.get_mut(name) {
+                    let len = path.push(name);
+                    let result = walk_mut(child, rest, path, visit);
+                    path.truncate(len);
+                    result?;
+                }
+            }
+        }
+        (Step::Index(i), Value::Array(items)) => {
+            let len = items.len() as i64;
+            let at = if *i < 0 { len + i } else { *i };
+            if let Some(child) = usize::try_from(at).ok().and_then(|at| items.get_mut(at)) {
+                let len = path.push_index(at as usize);
+                let result = walk_mut(child, rest, path, visit);
+                path.truncate(len);
+                result?;
+            }
+        }
+        (Step::Wildcard, Value::Object(map)) => {
+            for (key, child) in map.iter_mut() {
+                let len = path.push(key);
+                let result = walk_mut(child, rest, path, visit);
+                path.truncate(len);
+                result?;
+            }
+        }
+        (Step::Wildcard, Value::Array(items)) => {
+            for (i, child) in items.iter_mut().enumerate() {
+                let len = path.push_index(i);
+                let result = walk_mut(child, rest, path, visit);
+                path.truncate(len);
+                result?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A step of a path being built: a key, or a list index (written without allocating).
+enum Token<'a> {
+    Name(&'a str),
+    Index(usize),
+}
+
+/// Appends the decimal digits of `i` (`to_string` would allocate for every element walked).
+pub(crate) fn push_index(path: &mut String, i: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = i;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        path.push(char::from(d));
     }
 }
 
@@ -928,6 +1193,143 @@ mod tests {
         assert!(Pointer::parse("/a~2").is_err());
         let p = Pointer::from_tokens(["b/c", "d~e"]);
         assert_eq!(p.as_str(), "/b~1c/d~0e");
+    }
+
+    #[test]
+    fn tokens_are_decoded_with_the_length_up_to_each() {
+        let p = Pointer::parse("/a~1b/~0c//d").unwrap();
+        let tokens: Vec<(String, usize)> = p.tokens().map(|(t, e)| (t.into_owned(), e)).collect();
+        assert_eq!(
+            tokens,
+            [
+                ("a/b".to_string(), 5),
+                ("~c".to_string(), 9),
+                (String::new(), 10),
+                ("d".to_string(), 12)
+            ]
+        );
+        assert_eq!(Pointer::root().tokens().count(), 0);
+        assert_eq!(
+            Pointer::parse("/").unwrap().tokens().collect::<Vec<_>>(),
+            [(Cow::Borrowed(""), 1)]
+        );
+        let mut q = Pointer::parse("/x").unwrap();
+        let len = q.push("y/~");
+        let inner = q.push_index(12);
+        assert_eq!(q.as_str(), "/x/y~1~0/12");
+        q.truncate(inner);
+        assert_eq!(q.as_str(), "/x/y~1~0");
+        q.truncate(len);
+        assert_eq!(q, Pointer::parse("/x").unwrap());
+        assert_eq!(Pointer::root().child_index(0).as_str(), "/0");
+        // `contains` on shared prefixes, boundaries and the root.
+        let c = |a: &str, b: &str| {
+            Pointer::parse(a)
+                .unwrap()
+                .contains(&Pointer::parse(b).unwrap())
+        };
+        assert!(c("/spec/containers", "/spec/containers/0/env"));
+        assert!(c("/spec/containers", "/spec/containers"));
+        assert!(c("", "/spec"));
+        assert!(!c("/spec/containers", "/spec/containersX"));
+        assert!(!c("/spec/containers", "/spec/container"));
+        assert!(!c("/spec/volumes", "/spec/containers/0"));
+        assert!(!c("/spec/a", "/spec/b/c"));
+    }
+
+    #[test]
+    fn the_resolver_finds_what_lookup_finds_in_any_order() {
+        let doc = json!({
+            "a": {"b": [10, {"c": 1, "d/e": {"f": 2}}], "bc": 3},
+            "x~": {"": 4},
+            "s": "text"
+        });
+        let pointers = [
+            "/a/b/1/c",
+            "/a/b/1/d~1e/f",
+            "/a/b/0",
+            "/a/bc",
+            "/a/b",
+            "/a/b/1/missing/c",
+            "/a/b/1/c",
+            "/a/b/2",
+            "/a/b/01",
+            "",
+            "/x~0/",
+            "/x~0",
+            "/s/0",
+            "/a",
+            "no-slash",
+            "/a/b/-",
+            "/a/b/1/d~1e",
+        ];
+        let mut resolver = Resolver::new(&doc);
+        for _ in 0..2 {
+            for (i, p) in pointers.iter().enumerate() {
+                assert_eq!(resolver.get(p), lookup(&doc, p), "{p} (after {i} others)");
+            }
+            for p in pointers.iter().rev() {
+                assert_eq!(resolver.get(p), lookup(&doc, p), "{p}, backwards");
+            }
+        }
+    }
+
+    #[test]
+    fn the_streaming_walk_visits_what_locate_finds() {
+        let doc = json!({"spec": {
+            "containers": [{"name": "a", "env": [{"name": "x"}]}, {"name": "b/c"}],
+            "initContainers": [{"name": "i"}],
+            "m": {"k~1": {"v": 1}, "k2": {"v": 2}}
+        }});
+        for text in [
+            "$.spec.containers[*]",
+            "$.spec['containers','initContainers'][*]",
+            "$.spec.containers[-1]",
+            "$.spec.containers[5]",
+            "$.spec.containers[*].env[*]",
+            "$.spec.m.*",
+            "$.spec.m[*].v",
+            "$.spec.missing[*]",
+            "$",
+        ] {
+            let q = Query::parse(text).unwrap();
+            let located: Vec<String> = q
+                .locate(&doc)
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().to_string())
+                .collect();
+            assert_eq!(q.count_simple(&doc), Some(located.len()), "{text}");
+            let mut copy = doc.clone();
+            let mut visited = Vec::new();
+            let done = q.visit_simple_mut(&mut copy, &mut |value, at: &Pointer| {
+                assert_eq!(Some(&*value), at.get(&doc), "{text} at {}", at.as_str());
+                *value = json!("seen");
+                visited.push(at.as_str().to_string());
+                Ok::<(), ()>(())
+            });
+            assert_eq!(done, Some(Ok(())), "{text}");
+            assert_eq!(visited, located, "{text}");
+            for p in &located {
+                assert_eq!(lookup(&copy, p), Some(&json!("seen")), "{text}: {p}");
+            }
+        }
+        // The first error stops the walk.
+        let q = Query::parse("$.spec.containers[*]").unwrap();
+        let mut seen = 0;
+        let result = q.visit_simple_mut(&mut doc.clone(), &mut |_, _: &Pointer| {
+            seen += 1;
+            Err("stop")
+        });
+        assert_eq!((result, seen), (Some(Err("stop")), 1));
+        // A query outside the simple subset is left to `locate`.
+        let filtered = Query::parse("$.spec.containers[?@.name == 'a']").unwrap();
+        assert_eq!(filtered.count_simple(&doc), None);
+        assert!(
+            filtered
+                .visit_simple_mut(&mut doc.clone(), &mut |_, _: &Pointer| Ok::<(), ()>(()))
+                .is_none()
+        );
     }
 
     #[test]

@@ -66,6 +66,19 @@ impl RuleId {
         }
     }
 
+    /// The rule as `initium.dev/mutated-by` names it (its `Display`), built without the
+    /// formatter: every changed object writes the names of the rules that changed it.
+    pub fn written(&self) -> String {
+        let ns = self.namespace.as_deref();
+        let mut text = String::with_capacity(ns.map_or(0, |ns| ns.len() + 1) + self.name.len());
+        if let Some(ns) = ns {
+            text.push_str(ns);
+            text.push('/');
+        }
+        text.push_str(&self.name);
+        text
+    }
+
     /// `MutationRule payments/test-certs`.
     pub fn describe(&self) -> String {
         format!("{} {}", self.kind(), self)
@@ -606,6 +619,7 @@ mod tests {
         assert!(!cluster.is_written("payments/certs"));
         for id in [namespaced, cluster] {
             assert!(id.is_written(&id.to_string()));
+            assert_eq!(id.written(), id.to_string());
         }
     }
 }

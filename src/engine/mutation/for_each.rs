@@ -1,10 +1,12 @@
 //! `forEach`: a JSONPath selecting elements (`$.spec.containers[*]`), and mutations applied to
 //! each, with paths relative to the element. It cannot nest.
 
+use serde_json::Value;
+
 use crate::api::{self, element_mutation_kinds};
 use crate::engine::journal::Journal;
 use crate::engine::limits::{Meter, Stop};
-use crate::engine::path::Query;
+use crate::engine::path::{Pointer, Query};
 
 use super::{Compiler, Mutation, MutationError, Site, compile_kind};
 
@@ -77,6 +79,25 @@ impl ForEach {
     ) -> Result<(), Stop> {
         let lookups = site.lookups();
         let doc = site.into_object().ok_or(MutationError::NestedForEach)?;
+        if self.literal
+            && let Some(count) = self.query.count_simple(doc)
+        {
+            // Nothing to render: each element is changed where the walk finds it, without
+            // a pointer per element looked up again from the root.
+            meter.plan_steps(count, self.mutations.len())?;
+            let mut visit = |target: &mut Value, element: &Pointer| -> Result<(), Stop> {
+                meter.tick()?;
+                self.mutations
+                    .iter()
+                    .try_for_each(|m| {
+                        m.apply_at(Site::target_of(&mut *target, element), journal, meter)
+                    })
+                    .map_err(|e| e.context(|| format!("forEach element {}", element.as_str())))
+            };
+            if let Some(result) = self.query.visit_simple_mut(doc, &mut visit) {
+                return result;
+            }
+        }
         let elements = self.query.locate(doc)?;
         meter.plan_steps(elements.len(), self.mutations.len())?;
         for element in &elements {

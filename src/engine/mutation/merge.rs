@@ -57,7 +57,7 @@ impl Merge {
 /// and the target are objects, and records each place the patch replaces, adds or removes
 /// something (places it would leave as they are are not recorded).
 fn merge_touches<P: MergePatch>(
-    at: &Pointer,
+    at: &mut Pointer,
     target: Option<&Value>,
     patch: &P,
     journal: &mut Journal,
@@ -65,7 +65,9 @@ fn merge_touches<P: MergePatch>(
     match (patch.entries(), target) {
         (Some(entries), Some(Value::Object(t))) => {
             for (key, value) in entries {
-                merge_touches(&at.child(key), t.get(key), value, journal);
+                let len = at.push(key);
+                merge_touches(at, t.get(key), value, journal);
+                at.truncate(len);
             }
         }
         (None, None) if patch.is_null() => {}
@@ -74,8 +76,7 @@ fn merge_touches<P: MergePatch>(
     }
 }
 
-/// Merges `patch` (RFC 7396) into `target`, the value at `base`, recording what it changes.
 fn merge_into<P: MergePatch>(target: &mut Value, base: &Pointer, patch: &P, journal: &mut Journal) {
-    merge_touches(base, Some(&*target), patch, journal);
+    merge_touches(&mut base.buffer(), Some(&*target), patch, journal);
     literal::merge(target, patch);
 }

@@ -119,13 +119,13 @@ fn upsert(
     match items.iter().position(|item| item.get(key) == id) {
         Some(i) => {
             if items[i] != value {
-                journal.record(at.child(&i.to_string()), Some(&items[i]));
+                journal.record(at.child_index(i), Some(&items[i]));
                 items[i] = value;
             }
         }
         None => match position {
             api::Position::Append => {
-                journal.record(at.child(&items.len().to_string()), None);
+                journal.record(at.child_index(items.len()), None);
                 items.push(value);
             }
             api::Position::Prepend => {
