@@ -401,17 +401,7 @@ fn push_index(path: &mut String, i: usize) {
 
 fn push_token(path: &mut String, token: &str) {
     path.push('/');
-    if !token.bytes().any(|b| b == b'~' || b == b'/') {
-        path.push_str(token);
-        return;
-    }
-    for c in token.chars() {
-        match c {
-            '~' => path.push_str("~0"),
-            '/' => path.push_str("~1"),
-            c => path.push(c),
-        }
-    }
+    path.push_str(&super::path::escape(token));
 }
 
 #[cfg(test)]

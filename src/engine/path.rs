@@ -399,7 +399,7 @@ fn unescape(raw: &str) -> Cow<'_, str> {
     out.into()
 }
 
-fn escape(token: &str) -> Cow<'_, str> {
+pub(super) fn escape(token: &str) -> Cow<'_, str> {
     if !token.bytes().any(|b| b == b'~' || b == b'/') {
         return token.into();
     }
@@ -658,7 +658,7 @@ impl Query {
     pub fn select<'a>(&self, doc: &'a Value) -> Result<Vec<&'a Value>, QueryError> {
         if let Some(steps) = &self.simple {
             let mut out = Vec::new();
-            walk_values(doc, steps, &mut out);
+            walk_values(doc, steps, &mut |value| out.push(value));
             return Ok(out);
         }
         self.check_work(doc)?;
@@ -672,7 +672,7 @@ impl Query {
     pub(crate) fn count_simple(&self, doc: &Value) -> Option<usize> {
         let steps = self.simple.as_ref()?;
         let mut count = 0;
-        walk_count(doc, steps, &mut count);
+        walk_values(doc, steps, &mut |_| count += 1);
         Some(count)
     }
 
@@ -852,16 +852,16 @@ fn shape(text: &str) -> Shape {
 
 /// [`walk`] for the values only: no pointers built (`select` needs none, and building them
 /// cost more than the walk on the admission path).
-fn walk_values<'a>(node: &'a Value, steps: &[Step], out: &mut Vec<&'a Value>) {
+fn walk_values<'a>(node: &'a Value, steps: &[Step], emit: &mut impl FnMut(&'a Value)) {
     let Some((step, rest)) = steps.split_first() else {
-        out.push(node);
+        emit(node);
         return;
     };
     match (step, node) {
         (Step::Names(names), Value::Object(map)) => {
             for name in names {
                 if let Some(child) = map.get(name) {
-                    walk_values(child, rest, out);
+                    walk_values(child, rest, emit);
                 }
             }
         }
@@ -869,17 +869,17 @@ fn walk_values<'a>(node: &'a Value, steps: &[Step], out: &mut Vec<&'a Value>) {
             let len = items.len() as i64;
             let at = if *i < 0 { len + i } else { *i };
             if let Some(child) = usize::try_from(at).ok().and_then(|at| items.get(at)) {
-                walk_values(child, rest, out);
+                walk_values(child, rest, emit);
             }
         }
         (Step::Wildcard, Value::Object(map)) => {
             for child in map.values() {
-                walk_values(child, rest, out);
+                walk_values(child, rest, emit);
             }
         }
         (Step::Wildcard, Value::Array(items)) => {
             for child in items {
-                walk_values(child, rest, out);
+                walk_values(child, rest, emit);
             }
         }
         _ => {}
@@ -929,41 +929,6 @@ fn walk<'a>(
         (Step::Wildcard, Value::Array(items)) => {
             for (i, child) in items.iter().enumerate() {
                 visit(child, Token::Index(i), path);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// [`walk_values`] counting.
-fn walk_count(node: &Value, steps: &[Step], count: &mut usize) {
-    let Some((step, rest)) = steps.split_first() else {
-        *count += 1;
-        return;
-    };
-    match (step, node) {
-        (Step::Names(names), Value::Object(map)) => {
-            for name in names {
-                if let Some(child) = map.get(name) {
-                    walk_count(child, rest, count);
-                }
-            }
-        }
-        (Step::Index(i), Value::Array(items)) => {
-            let len = items.len() as i64;
-            let at = if *i < 0 { len + i } else { *i };
-            if let Some(child) = usize::try_from(at).ok().and_then(|at| items.get(at)) {
-                walk_count(child, rest, count);
-            }
-        }
-        (Step::Wildcard, Value::Object(map)) => {
-            for child in map.values() {
-                walk_count(child, rest, count);
-            }
-        }
-        (Step::Wildcard, Value::Array(items)) => {
-            for child in items {
-                walk_count(child, rest, count);
             }
         }
         _ => {}
