@@ -174,6 +174,11 @@ impl Changes {
         }
     }
 
+    /// Nothing was recorded: the patch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Replaces the original at `pointer` (inside whichever recorded part holds it).
     pub fn set_original(&mut self, pointer: &Pointer, value: Option<Value>) {
         for (p, prior) in &mut self.entries {
@@ -192,6 +197,33 @@ impl Changes {
     /// from `doc` when the patch is written.
     pub fn patch(&self, doc: &Value) -> Vec<PatchOp> {
         let mut ops = Vec::with_capacity(self.entries.len() + 4);
+        self.diff_into(doc, &mut ops);
+        ops
+    }
+
+    /// [`Changes::patch`], and the patch written as JSON into `out` as its operations are
+    /// found: the diff holds each value it adds or replaces, where writing the patch later
+    /// looks every one up again from the root.
+    pub fn patch_written(
+        &self,
+        doc: &Value,
+        out: &mut Vec<u8>,
+    ) -> serde_json::Result<Vec<PatchOp>> {
+        let mut written = Written {
+            ops: Vec::with_capacity(self.entries.len() + 4),
+            out,
+            error: None,
+        };
+        written.out.push(b'[');
+        self.diff_into(doc, &mut written);
+        if let Some(error) = written.error {
+            return Err(error);
+        }
+        written.out.push(b']');
+        Ok(written.ops)
+    }
+
+    fn diff_into(&self, doc: &Value, ops: &mut impl Ops) {
         let mut resolver = Resolver::new(doc);
         let mut path = String::with_capacity(128);
         for (pointer, prior) in &self.entries {
@@ -201,10 +233,39 @@ impl Changes {
                 prior.as_ref(),
                 resolver.get(pointer.as_str()),
                 &mut path,
-                &mut ops,
+                ops,
             );
         }
-        ops
+    }
+}
+
+/// Where [`diff`] puts the operations it finds, each with the value it adds or replaces.
+pub(crate) trait Ops {
+    fn push(&mut self, op: PatchOp, value: Option<&Value>);
+}
+
+impl Ops for Vec<PatchOp> {
+    fn push(&mut self, op: PatchOp, _: Option<&Value>) {
+        Vec::push(self, op);
+    }
+}
+
+/// The operations, and the patch's JSON written as they come.
+struct Written<'o> {
+    ops: Vec<PatchOp>,
+    out: &'o mut Vec<u8>,
+    /// The first error writing (none is expected: values are JSON, the output is memory).
+    error: Option<serde_json::Error>,
+}
+
+impl Ops for Written<'_> {
+    fn push(&mut self, op: PatchOp, value: Option<&Value>) {
+        if self.error.is_none()
+            && let Err(e) = write_op(self.out, !self.ops.is_empty(), &op, value)
+        {
+            self.error = Some(e);
+        }
+        self.ops.push(op);
     }
 }
 
@@ -329,20 +390,36 @@ pub fn write_patch(ops: &[PatchOp], doc: &Value, out: &mut Vec<u8>) -> serde_jso
     let mut resolver = Resolver::new(doc);
     out.push(b'[');
     for (i, op) in ops.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"op\":\"");
-        out.extend_from_slice(op.name().as_bytes());
-        out.extend_from_slice(b"\",\"path\":");
-        serde_json::to_writer(&mut *out, op.path())?;
-        if !matches!(op, PatchOp::Remove(_)) {
-            out.extend_from_slice(b",\"value\":");
-            serde_json::to_writer(&mut *out, resolver.get(op.path()).unwrap_or(&Value::Null))?;
-        }
-        out.push(b'}');
+        let value = match op {
+            PatchOp::Remove(_) => None,
+            _ => Some(resolver.get(op.path()).unwrap_or(&Value::Null)),
+        };
+        write_op(out, i > 0, op, value)?;
     }
     out.push(b']');
+    Ok(())
+}
+
+/// One operation of a patch's JSON (after a comma when it is not the first); `value` is what
+/// an `add` or `replace` puts (`null` when missing).
+fn write_op(
+    out: &mut Vec<u8>,
+    after_another: bool,
+    op: &PatchOp,
+    value: Option<&Value>,
+) -> serde_json::Result<()> {
+    if after_another {
+        out.push(b',');
+    }
+    out.extend_from_slice(b"{\"op\":\"");
+    out.extend_from_slice(op.name().as_bytes());
+    out.extend_from_slice(b"\",\"path\":");
+    serde_json::to_writer(&mut *out, op.path())?;
+    if !matches!(op, PatchOp::Remove(_)) {
+        out.extend_from_slice(b",\"value\":");
+        serde_json::to_writer(&mut *out, value.unwrap_or(&Value::Null))?;
+    }
+    out.push(b'}');
     Ok(())
 }
 
@@ -352,18 +429,18 @@ pub(crate) fn diff(
     before: Option<&Value>,
     after: Option<&Value>,
     path: &mut String,
-    ops: &mut Vec<PatchOp>,
+    ops: &mut impl Ops,
 ) {
     match (before, after) {
         (None, None) => {}
-        (None, Some(_)) => ops.push(PatchOp::Add(path.clone())),
-        (Some(_), None) => ops.push(PatchOp::Remove(path.clone())),
+        (None, Some(a)) => ops.push(PatchOp::Add(path.clone()), Some(a)),
+        (Some(_), None) => ops.push(PatchOp::Remove(path.clone()), None),
         (Some(b), Some(a)) if b == a => {}
         (Some(Value::Object(b)), Some(Value::Object(a))) => {
             let len = path.len();
             for key in b.keys().filter(|k| !a.contains_key(*k)) {
                 push_token(path, key);
-                ops.push(PatchOp::Remove(path.clone()));
+                ops.push(PatchOp::Remove(path.clone()), None);
                 path.truncate(len);
             }
             for (key, value) in a {
@@ -379,18 +456,18 @@ pub(crate) fn diff(
                 diff(Some(&b[i]), Some(&a[i]), path, ops);
                 path.truncate(len);
             }
-            for i in b.len()..a.len() {
+            for (i, value) in a.iter().enumerate().skip(b.len()) {
                 push_index(path, i);
-                ops.push(PatchOp::Add(path.clone()));
+                ops.push(PatchOp::Add(path.clone()), Some(value));
                 path.truncate(len);
             }
             for i in (a.len()..b.len()).rev() {
                 push_index(path, i);
-                ops.push(PatchOp::Remove(path.clone()));
+                ops.push(PatchOp::Remove(path.clone()), None);
                 path.truncate(len);
             }
         }
-        (Some(_), Some(_)) => ops.push(PatchOp::Replace(path.clone())),
+        (Some(_), Some(a)) => ops.push(PatchOp::Replace(path.clone()), Some(a)),
     }
 }
 
@@ -460,6 +537,14 @@ mod tests {
         json_patch::patch(&mut patched, &ops).unwrap();
         assert_eq!(patched, doc);
         assert_eq!(ops.len(), 4, "{ops:?}");
+        // Written as the diff finds them: the same operations, the same JSON as written from
+        // the object afterwards.
+        let mut written = Vec::new();
+        let found = changes.patch_written(&doc, &mut written).unwrap();
+        assert_eq!(found, changes.patch(&doc));
+        let mut afterwards = Vec::new();
+        write_patch(&found, &doc, &mut afterwards).unwrap();
+        assert_eq!(String::from_utf8(written), String::from_utf8(afterwards));
     }
 
     fn changes_ops(b: &Value, a: &Value) -> Vec<PatchOp> {
@@ -488,6 +573,16 @@ mod tests {
             write_patch(&changes_ops(&b, &a), &a, &mut written).unwrap();
             let reparsed: json_patch::Patch = serde_json::from_slice(&written).unwrap();
             assert_eq!(reparsed.0, ops);
+            // The same JSON when written as the diff goes.
+            let mut as_found = Written {
+                ops: Vec::new(),
+                out: &mut Vec::new(),
+                error: None,
+            };
+            as_found.out.push(b'[');
+            diff(Some(&b), Some(&a), &mut String::new(), &mut as_found);
+            as_found.out.push(b']');
+            assert_eq!(*as_found.out, written, "{b} -> {a}");
             assert_eq!(patched, a);
         }
     }

@@ -316,8 +316,11 @@ pub(crate) fn check_depth(depth: usize, at_depth: usize) -> Result<(), Stop> {
 /// `regex.replace_all(text, replacement)`, refusing before it builds a result larger than
 /// the rule may still write (a replacement such as `$0$0` doubles the text each time a rule
 /// applies it). `None` when nothing matched. Rewrites and the templates' `replace()` use it.
+/// `once`: every match of the regex starts at the start of the text ([`starts_anchored`]), so
+/// there is at most one, and no search for another after it.
 pub(crate) fn replace_all(
     regex: &Regex,
+    once: bool,
     text: &str,
     replacement: &str,
     meter: &mut Meter,
@@ -343,6 +346,9 @@ pub(crate) fn replace_all(
             out.push_str(replacement);
             last = m.end();
             matched = true;
+            if once {
+                break;
+            }
             if n % 64 == 63 {
                 meter.check_clock()?;
             }
@@ -357,6 +363,9 @@ pub(crate) fn replace_all(
             caps.expand(replacement, &mut out);
             last = whole.end();
             matched = true;
+            if once {
+                break;
+            }
             if n % 64 == 63 {
                 meter.check_clock()?;
             }
@@ -368,6 +377,16 @@ pub(crate) fn replace_all(
     out.push_str(&text[last..]);
     meter.write(out.len())?;
     Ok(Some(out))
+}
+
+/// Whether every match of `pattern` starts at the start of the text (`^` outside multi-line
+/// mode, on every branch): then it matches at most once. False when that cannot be told.
+pub fn starts_anchored(pattern: &str) -> bool {
+    regex_syntax::parse(pattern).is_ok_and(|hir| {
+        hir.properties()
+            .look_set_prefix()
+            .contains(regex_syntax::hir::Look::Start)
+    })
 }
 
 /// Compiles a rule's regular expression within `size_limit` bytes (its share of what all the
@@ -474,6 +493,54 @@ mod tests {
         let mut v = deep;
         while let Value::Array(mut items) = v {
             v = items.pop().unwrap_or(Value::Null);
+        }
+    }
+
+    #[test]
+    fn a_regex_anchored_at_the_start_is_replaced_once_as_replace_all_would() {
+        for (pattern, anchored) in [
+            (
+                "^(?:docker\\.io/)?([a-z0-9_-]+(?:/[a-z0-9._-]+)+(?::[\\w.-]+)?)$",
+                true,
+            ),
+            ("^a", true),
+            ("(?:^a|^b)c", true),
+            ("^", true),
+            ("^a*", true),
+            ("\\Aa", true),
+            ("^a|b", false),
+            ("(?m)^a", false),
+            ("a", false),
+            ("a*", false),
+            ("\\ba", false),
+        ] {
+            assert_eq!(starts_anchored(pattern), anchored, "{pattern}");
+            let regex = Regex::new(pattern).unwrap();
+            for text in [
+                "",
+                "a",
+                "aaa",
+                "bc",
+                "ac b",
+                "docker.io/shop/app:1",
+                "shop/app",
+                "x\na",
+            ] {
+                for replacement in ["", "<$0>", "z"] {
+                    let limits = Limits::default();
+                    let mut meter = Meter::new(&limits, None);
+                    let once =
+                        replace_all(&regex, anchored, text, replacement, &mut meter).unwrap();
+                    let all = replace_all(&regex, false, text, replacement, &mut meter).unwrap();
+                    assert_eq!(once, all, "{pattern} on {text:?} with {replacement:?}");
+                    let expected = regex.replace_all(text, replacement);
+                    assert_eq!(
+                        all.as_deref().unwrap_or(text),
+                        expected,
+                        "{pattern} on {text:?} with {replacement:?}"
+                    );
+                }
+            }
         }
     }
 

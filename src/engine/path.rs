@@ -353,15 +353,20 @@ impl<'a> Iterator for Tokens<'a> {
 
     fn next(&mut self) -> Option<Self::Item> {
         let rest = self.rest?;
-        let mut end = rest.len();
-        let mut escaped = false;
-        for (i, b) in rest.bytes().enumerate() {
-            if b == b'/' {
-                end = i;
-                break;
+        let bytes = rest.as_bytes();
+        // The first `/` or `~`: a token ends at a `/`, and only a `~` starts an escape.
+        let (end, escaped) = match find_slash_or_tilde(bytes) {
+            None => (bytes.len(), false),
+            Some(at) if bytes.get(at) == Some(&b'/') => (at, false),
+            Some(at) => {
+                let after = bytes.get(at..).unwrap_or_default();
+                let end = after
+                    .iter()
+                    .position(|&b| b == b'/')
+                    .map_or(bytes.len(), |slash| at + slash);
+                (end, true)
             }
-            escaped |= b == b'~';
-        }
+        };
         let raw = &rest[..end];
         // `None` past the last token (there is no `/` at `end`).
         self.rest = rest.get(end + 1..);
@@ -375,27 +380,68 @@ impl<'a> Iterator for Tokens<'a> {
     }
 }
 
-fn unescape(raw: &str) -> Cow<'_, str> {
-    if !raw.contains('~') {
-        return raw.into();
-    }
-    let mut out = String::with_capacity(raw.len());
-    let mut chars = raw.chars();
-    while let Some(c) = chars.next() {
-        match (c, c == '~') {
-            (_, true) => match chars.next() {
-                Some('1') => out.push('/'),
-                Some('0') => out.push('~'),
-                // parse() rejects anything else; keep it as written rather than guess.
-                Some(other) => {
-                    out.push('~');
-                    out.push(other);
-                }
-                None => out.push('~'),
-            },
-            (c, false) => out.push(c),
+/// Where the first `/` or `~` of `bytes` is, eight bytes at a time (a pointer walk reads every
+/// byte of every token; a byte at a time cost about 3% of an admission).
+fn find_slash_or_tilde(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // The high bit of each byte of `word` that equals `byte` (and, above the first such byte,
+    // possibly of others: only the lowest one is read).
+    let equal = |word: u64, byte: u8| {
+        let x = word ^ (ONES * u64::from(byte));
+        x.wrapping_sub(ONES) & !x & HIGHS
+    };
+    let mut chunks = bytes.chunks_exact(8);
+    let mut at = 0;
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        let found = equal(word, b'/') | equal(word, b'~');
+        if found != 0 {
+            return Some(at + (found.trailing_zeros() / 8) as usize);
         }
+        at += 8;
     }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| b == b'/' || b == b'~')
+        .map(|i| at + i)
+}
+
+fn unescape(raw: &str) -> Cow<'_, str> {
+    let Some(first) = raw.find('~') else {
+        return raw.into();
+    };
+    let mut out = String::with_capacity(raw.len());
+    out.push_str(&raw[..first]);
+    let mut rest = &raw[first..];
+    while let Some(at) = rest.find('~') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        rest = match after.chars().next() {
+            Some('1') => {
+                out.push('/');
+                &after[1..]
+            }
+            Some('0') => {
+                out.push('~');
+                &after[1..]
+            }
+            // parse() rejects anything else; keep it as written rather than guess.
+            Some(other) => {
+                out.push('~');
+                out.push(other);
+                &after[other.len_utf8()..]
+            }
+            None => {
+                out.push('~');
+                after
+            }
+        };
+    }
+    out.push_str(rest);
     out.into()
 }
 
@@ -1200,6 +1246,74 @@ mod tests {
         assert!(!c("/spec/containers", "/spec/container"));
         assert!(!c("/spec/volumes", "/spec/containers/0"));
         assert!(!c("/spec/a", "/spec/b/c"));
+    }
+
+    /// The decoding as first written: a byte at a time, then `~1` and `~0` by characters.
+    fn tokens_one_byte_at_a_time(text: &str) -> Vec<(String, usize)> {
+        let Some(mut rest) = text.strip_prefix('/') else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut offset = 0;
+        loop {
+            let end = rest.find('/').unwrap_or(rest.len());
+            let mut token = String::new();
+            let mut chars = rest[..end].chars();
+            while let Some(c) = chars.next() {
+                if c != '~' {
+                    token.push(c);
+                    continue;
+                }
+                match chars.next() {
+                    Some('1') => token.push('/'),
+                    Some('0') => token.push('~'),
+                    Some(other) => {
+                        token.push('~');
+                        token.push(other);
+                    }
+                    None => token.push('~'),
+                }
+            }
+            offset += 1 + end;
+            out.push((token, offset));
+            match rest.get(end + 1..) {
+                Some(next) => rest = next,
+                None => return out,
+            }
+        }
+    }
+
+    #[test]
+    fn tokens_read_eight_bytes_at_a_time_decode_as_one_at_a_time() {
+        // Every place of a `/` and a `~` around the eight-byte boundaries, and text that is not
+        // ASCII, escapes that parse() would refuse, and runs of them.
+        let mut texts: Vec<String> = vec![
+            "/metadata/annotations/example.com~1namespace".into(),
+            "/~~1/~x~/é~1ü/~".into(),
+            "/a~0~1~01/~10//".into(),
+            "/abcdefgh/ijklmnopqrstuvwx~1yz/0123456789abcdef".into(),
+        ];
+        for len in 0..20 {
+            for at in 0..len {
+                for special in ['/', '~'] {
+                    let mut token: Vec<char> = "abcdefghijklmnopqrst"[..len].chars().collect();
+                    token[at] = special;
+                    let token: String = token.into_iter().collect();
+                    texts.push(format!("/{token}"));
+                    texts.push(format!("/x/{token}/y"));
+                    texts.push(format!("/{token}~1{token}"));
+                }
+            }
+        }
+        for text in &texts {
+            let fast: Vec<(String, usize)> =
+                Tokens::of(text).map(|(t, e)| (t.into_owned(), e)).collect();
+            assert_eq!(fast, tokens_one_byte_at_a_time(text), "{text}");
+        }
+        assert_eq!(find_slash_or_tilde(b"abcdefghijklmnop"), None);
+        assert_eq!(find_slash_or_tilde(b"abcdefgh~ijklmn/p"), Some(8));
+        assert_eq!(find_slash_or_tilde(b"abcdefg/"), Some(7));
+        assert_eq!(find_slash_or_tilde(b""), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::api;
 use crate::engine::journal::Journal;
-use crate::engine::limits::{Meter, Stop, replace_all};
+use crate::engine::limits::{Meter, Stop, replace_all, starts_anchored};
 use crate::engine::path::{Pointer, type_name};
 
 use super::{Compiler, MutationError, Site};
@@ -14,6 +14,8 @@ use super::{Compiler, MutationError, Site};
 pub(crate) struct Rewrite {
     path: Pointer,
     regex: Regex,
+    /// Every match starts at the start of the value: one search, not one more after it.
+    once: bool,
     replacement: String,
 }
 
@@ -22,6 +24,7 @@ pub(super) fn compile(spec: &api::Rewrite, at: &str, cx: &mut Compiler) -> Optio
     let regex = cx.regex(&spec.regex, &format!("{at}.rewrite.regex"));
     Some(Rewrite {
         path: path?,
+        once: starts_anchored(&spec.regex),
         regex: regex?,
         replacement: spec.replacement.clone(),
     })
@@ -39,7 +42,8 @@ impl Rewrite {
         match self.path.get_mut(target) {
             None => Ok(()),
             Some(Value::String(current)) => {
-                if let Some(new) = replace_all(&self.regex, current, &self.replacement, meter)?
+                if let Some(new) =
+                    replace_all(&self.regex, self.once, current, &self.replacement, meter)?
                     && new != *current
                 {
                     let prior = std::mem::replace(current, new);

@@ -218,7 +218,7 @@ impl<'a> Evaluator<'a, '_, '_> {
                         .misuse(f, "the regular expression was not compiled".into())
                         .into());
                 };
-                match replace_all(regex, s.as_str(), replacement.as_str(), self.meter)? {
+                match replace_all(regex, false, s.as_str(), replacement.as_str(), self.meter)? {
                     Some(replaced) => Value::String(replaced),
                     None => {
                         self.count(s.as_str().len())?;
