@@ -411,12 +411,11 @@ fn find_slash_or_tilde(bytes: &[u8]) -> Option<usize> {
 }
 
 fn unescape(raw: &str) -> Cow<'_, str> {
-    let Some(first) = raw.find('~') else {
+    if !raw.contains('~') {
         return raw.into();
-    };
+    }
     let mut out = String::with_capacity(raw.len());
-    out.push_str(&raw[..first]);
-    let mut rest = &raw[first..];
+    let mut rest = raw;
     while let Some(at) = rest.find('~') {
         out.push_str(&rest[..at]);
         let after = &rest[at + 1..];
