@@ -293,7 +293,7 @@ impl RuleIndex {
                 RuleResult::Changed(journal) => {
                     outcome.matched.push(rule.id.clone());
                     outcome.applied.push(rule.id.clone());
-                    if prefiltered {
+                    if prefiltered && candidates.is_prefiltered() {
                         let touched: Vec<&Pointer> = journal.touched().collect();
                         candidates.object_changed(subject, &doc, &touched);
                     }

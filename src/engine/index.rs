@@ -289,6 +289,9 @@ impl<'i> Candidates<'i> {
     /// A rule changed `doc` at (or below) `touched`: the rules after it are looked up again
     /// where the prefilters read what it touched.
     pub fn object_changed(&mut self, subject: &Subject, doc: &Value, touched: &[&Pointer]) {
+        if !self.is_prefiltered() {
+            return;
+        }
         let mut reading = Reading::changed(subject, doc, touched);
         for cursor in &mut self.parts {
             if let (Some(prefilter), Some(survivors)) =
@@ -305,6 +308,11 @@ impl<'i> Candidates<'i> {
                 cursor.peeked = None;
             }
         }
+    }
+
+    /// True when a part's candidates are prefiltered: what a rule changes may change them.
+    pub fn is_prefiltered(&self) -> bool {
+        self.parts.iter().any(|cursor| cursor.survivors.is_some())
     }
 
     /// True when no rule is a candidate.

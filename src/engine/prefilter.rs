@@ -152,45 +152,99 @@ struct Affixes {
     by_text: HashMap<String, Members>,
     /// The byte lengths of the keys, ascending: one lookup per length.
     lengths: Vec<usize>,
+    /// What every key starts with (prefixes) or ends with (suffixes): a text without it has
+    /// none of the keys, and is ruled out before any lookup. The rules of one bucket often
+    /// share it (`^registry\.corp/team-…`, `batch-…-*`).
+    common: String,
+}
+
+/// Which end of a text the keys of [`Affixes`] are read from.
+#[derive(Clone, Copy)]
+enum End {
+    Start,
+    End,
 }
 
 impl Affixes {
-    fn new(keyed: Keyed, len: usize) -> Affixes {
+    fn new(keyed: Keyed, len: usize, end: End) -> Affixes {
         let mut lengths: Vec<usize> = keyed.0.keys().map(String::len).collect();
         lengths.sort_unstable();
         lengths.dedup();
+        let common = common_affix(keyed.0.keys().map(String::as_str), end).to_string();
         Affixes {
             by_text: keyed.finish(len),
             lengths,
+            common,
         }
     }
+
+    /// Adds the rules keyed on a prefix (`End::Start`) or suffix (`End::End`) of `text`.
+    fn add_kept(&self, text: &str, end: End, out: &mut [u64]) {
+        let has_common = match end {
+            End::Start => text.starts_with(self.common.as_str()),
+            End::End => text.ends_with(self.common.as_str()),
+        };
+        if !has_common {
+            return;
+        }
+        for &length in &self.lengths {
+            if length > text.len() {
+                break;
+            }
+            let affix = match end {
+                End::Start => text.get(..length),
+                End::End => text.get(text.len() - length..),
+            };
+            if let Some(members) = affix.and_then(|a| self.by_text.get(a)) {
+                members.add_to(out);
+            }
+        }
+    }
+}
+
+/// The longest text that all `keys` start (`End::Start`) or end (`End::End`) with, cut at a
+/// character boundary; empty when there are no keys.
+fn common_affix<'k>(mut keys: impl Iterator<Item = &'k str>, end: End) -> &'k str {
+    let Some(mut common) = keys.next() else {
+        return "";
+    };
+    for key in keys {
+        let shared = match end {
+            End::Start => common
+                .bytes()
+                .zip(key.bytes())
+                .take_while(|(a, b)| a == b)
+                .count(),
+            End::End => common
+                .bytes()
+                .rev()
+                .zip(key.bytes().rev())
+                .take_while(|(a, b)| a == b)
+                .count(),
+        };
+        let mut cut = match end {
+            End::Start => shared,
+            End::End => common.len() - shared,
+        };
+        while !common.is_char_boundary(cut) {
+            match end {
+                End::Start => cut -= 1,
+                End::End => cut += 1,
+            }
+        }
+        common = match end {
+            End::Start => common.get(..cut).unwrap_or(""),
+            End::End => common.get(cut..).unwrap_or(""),
+        };
+    }
+    common
 }
 
 impl NameFilter {
     fn kept(&self, name: &str) -> Bits {
         let mut out = self.free.clone();
-        for &length in &self.prefixes.lengths {
-            if length > name.len() {
-                break;
-            }
-            if let Some(members) = name
-                .get(..length)
-                .and_then(|p| self.prefixes.by_text.get(p))
-            {
-                members.add_to(&mut out);
-            }
-        }
-        for &length in &self.suffixes.lengths {
-            if length > name.len() {
-                break;
-            }
-            if let Some(members) = name
-                .get(name.len() - length..)
-                .and_then(|s| self.suffixes.by_text.get(s))
-            {
-                members.add_to(&mut out);
-            }
-        }
+        self.prefixes.add_kept(name, End::Start, &mut out);
+        self.suffixes.add_kept(name, End::End, &mut out);
         out
     }
 }
@@ -295,17 +349,7 @@ impl PathFilter {
             return;
         };
         for text in values {
-            for &length in &self.prefixes.lengths {
-                if length > text.len() {
-                    break;
-                }
-                if let Some(members) = text
-                    .get(..length)
-                    .and_then(|p| self.prefixes.by_text.get(p))
-                {
-                    members.add_to(out);
-                }
-            }
+            self.prefixes.add_kept(text, End::Start, out);
             for (regex, offset) in &self.singles {
                 if regex.is_match(text) {
                     insert(out, *offset as usize);
@@ -372,10 +416,16 @@ impl<'q, 'd> Reading<'q, 'd> {
                 Pointer::from_tokens(["metadata", "generateName"]),
             ]
         });
+        static METADATA: LazyLock<Pointer> = LazyLock::new(|| Pointer::from_tokens(["metadata"]));
+        // Most rules change the spec: one look at `/metadata` rules out the fields below it.
+        let metadata = touched
+            .iter()
+            .any(|p| p.contains(&METADATA) || METADATA.contains(p));
         let near = |field: &Pointer| {
-            touched
-                .iter()
-                .any(|p| p.contains(field) || field.contains(p))
+            metadata
+                && touched
+                    .iter()
+                    .any(|p| p.contains(field) || field.contains(p))
         };
         Reading {
             touched: Some(Touched {
@@ -570,7 +620,7 @@ impl Prefilter {
                     }
                 }
             }
-            let prefixes = Affixes::new(prefixes, len);
+            let prefixes = Affixes::new(prefixes, len, End::Start);
             if !sets.is_empty() || !singles.is_empty() || !prefixes.lengths.is_empty() {
                 paths.push(PathFilter {
                     query: query.clone(),
@@ -591,8 +641,8 @@ impl Prefilter {
             },
             names: NameFilter {
                 free: name_free,
-                prefixes: Affixes::new(prefixes, len),
-                suffixes: Affixes::new(suffixes, len),
+                prefixes: Affixes::new(prefixes, len, End::Start),
+                suffixes: Affixes::new(suffixes, len, End::End),
             },
             annotations: AnnotationFilter {
                 free: annotation_free,

@@ -15,7 +15,9 @@ use crate::engine::parse::compile_document;
 use crate::engine::path::Pointer;
 use crate::engine::rule::{CompiledRule, RanBefore, Subject};
 
-use super::{Members, Prefilter, Reading, Survivors, anchored_prefix};
+use super::{
+    Affixes, End, Keyed, Members, Prefilter, Reading, Survivors, anchored_prefix, common_affix,
+};
 
 fn compiled(docs: &[Value]) -> Vec<CompiledRule> {
     docs.iter()
@@ -227,6 +229,77 @@ fn names_keep_rules_by_literal_prefix_or_suffix() {
     assert_eq!(named(json!({})), ["any"]);
     // Multi-byte names are cut at character boundaries only.
     assert_eq!(named(json!({"name": "wé"})), ["any"]);
+}
+
+#[test]
+fn the_keys_common_affix_is_cut_at_a_character_boundary() {
+    let start = |keys: &[&'static str]| common_affix(keys.iter().copied(), End::Start);
+    let end = |keys: &[&'static str]| common_affix(keys.iter().copied(), End::End);
+    assert_eq!(start(&[]), "");
+    assert_eq!(start(&["batch-1-"]), "batch-1-");
+    assert_eq!(
+        start(&[
+            "registry.other/team-1/",
+            "registry.other/team-22/",
+            "registry.other/team-3"
+        ]),
+        "registry.other/team-"
+    );
+    assert_eq!(start(&["web-", "db-"]), "");
+    // é and è share their first byte: the common prefix stops before the character.
+    assert_eq!(start(&["wé-1", "wè-2"]), "w");
+    assert_eq!(end(&["-canary", "-blue-canary"]), "-canary");
+    assert_eq!(end(&["aé", "bé"]), "é");
+    // é (C3 A9) and ũ (C5 A9) share their last byte only.
+    assert_eq!(end(&["xé", "xũ"]), "");
+    assert_eq!(end(&["-a", "-b"]), "");
+}
+
+#[test]
+fn affixes_without_the_common_part_are_not_looked_up_and_the_others_are() {
+    let affixes = |keys: &[(&str, u32)], end: End| {
+        let mut keyed = Keyed::default();
+        for (key, offset) in keys {
+            keyed.add(key, *offset);
+        }
+        Affixes::new(keyed, 8, end)
+    };
+    let kept = |affixes: &Affixes, text: &str, end: End| {
+        let mut out = vec![0u64; 1];
+        affixes.add_kept(text, end, &mut out);
+        (0..8)
+            .filter(|i| out[0] & (1 << i) != 0)
+            .collect::<Vec<u32>>()
+    };
+    let prefixes = affixes(
+        &[
+            ("reg/team-1/", 0),
+            ("reg/team-1/x/", 1),
+            ("reg/team-2/", 2),
+            ("reg/t", 3),
+        ],
+        End::Start,
+    );
+    assert_eq!(prefixes.common, "reg/t");
+    assert_eq!(kept(&prefixes, "reg/team-1/x/app:1", End::Start), [0, 1, 3]);
+    assert_eq!(kept(&prefixes, "reg/team-2/app", End::Start), [2, 3]);
+    assert_eq!(kept(&prefixes, "reg/t", End::Start), [3]);
+    assert_eq!(kept(&prefixes, "reg/", End::Start), Vec::<u32>::new());
+    assert_eq!(
+        kept(&prefixes, "registry/team-1/", End::Start),
+        Vec::<u32>::new()
+    );
+    assert_eq!(kept(&prefixes, "", End::Start), Vec::<u32>::new());
+    let suffixes = affixes(&[("-canary", 4), ("-blue-canary", 5)], End::End);
+    assert_eq!(suffixes.common, "-canary");
+    assert_eq!(kept(&suffixes, "web-blue-canary", End::End), [4, 5]);
+    assert_eq!(kept(&suffixes, "web-canary", End::End), [4]);
+    assert_eq!(kept(&suffixes, "web-canary-2", End::End), Vec::<u32>::new());
+    // Keys with nothing in common: every text is looked up.
+    let mixed = affixes(&[("web-", 6), ("db-", 7)], End::Start);
+    assert_eq!(mixed.common, "");
+    assert_eq!(kept(&mixed, "db-main", End::Start), [7]);
+    assert_eq!(kept(&mixed, "web-1", End::Start), [6]);
 }
 
 #[test]
@@ -472,8 +545,19 @@ const VALUES: [&str; 4] = ["web", "api", "a", "b"];
 const ANNOTATION_KEYS: [&str; 3] = ["inject", "example.com/mode", "team"];
 const ANNOTATION_VALUES: [&str; 3] = ["true", "false", "on"];
 const NAMES: [&str; 6] = ["web-1", "web-2", "api-1", "db-main", "wé-3", "batch-7-x"];
-const GLOBS: [&str; 10] = [
-    "web-*", "*-1", "api-?", "*", "web-1", "b*x", "?eb-*", "db-*", "*main", "wé-*",
+const GLOBS: [&str; 12] = [
+    "web-*",
+    "*-1",
+    "api-?",
+    "*",
+    "web-1",
+    "b*x",
+    "?eb-*",
+    "db-*",
+    "*main",
+    "wé-*",
+    "batch-7*",
+    "batch-*-x",
 ];
 const NAMESPACES: [&str; 3] = ["shop", "team-a", "team-b"];
 const IMAGES: [&str; 5] = [
@@ -492,7 +576,7 @@ const PATHS: [&str; 7] = [
     "$..image",
     "$.spec.containers[?match(@.image, 'nginx.*')].name",
 ];
-const REGEXES: [&str; 12] = [
+const REGEXES: [&str; 13] = [
     "^nginx",
     "example\\.com",
     "redis$",
@@ -502,6 +586,7 @@ const REGEXES: [&str; 12] = [
     "^$",
     "c0",
     "^registry\\.example\\.com/",
+    "^registry\\.example\\.com/shop/w",
     "^mirror\\.local/nginx",
     "^shop/c?art",
     "^web-",
