@@ -287,17 +287,16 @@ struct PathFilter {
     /// The rules whose pattern is anchored at the start and begins with a literal, by that
     /// literal: a value matches only if it starts with it (a lookup, not a regex search).
     prefixes: Affixes,
-    /// The other patterns, and the rule of each pattern...
+    /// The other patterns, and the rule of each pattern, where a path has more than a few.
     sets: Vec<(RegexSet, Vec<u32>)>,
-    /// ...or, where a path has only a few, each rule's own regex: a search for one pattern
-    /// uses its literal prefilters and stops at the first match, where a set must report
-    /// every pattern that matches (a profile put a one-pattern set at a tenth of an
-    /// admission).
-    singles: Vec<(Regex, u32)>,
 }
 
-/// Patterns of one path searched one by one rather than as a set.
-const SINGLES_UP_TO: usize = 4;
+/// Where a path has at most this many patterns that are not anchored prefixes, their rules
+/// are not filtered on them: searching each pattern here, and again after every change to
+/// what the path selects, costs more than the rule's own match, which searches it once
+/// (a profile put a one-pattern set at a tenth of an admission, and the pattern searched
+/// one by one at three times what matching its rule costs).
+const UNFILTERED_UP_TO: usize = 4;
 
 /// The literal text every match of `pattern` starts the haystack with, when the pattern says
 /// so plainly: `^` then literal characters (`\.`-style escapes of punctuation included), as in
@@ -350,11 +349,6 @@ impl PathFilter {
         };
         for text in values {
             self.prefixes.add_kept(text, End::Start, out);
-            for (regex, offset) in &self.singles {
-                if regex.is_match(text) {
-                    insert(out, *offset as usize);
-                }
-            }
             for (set, offsets) in &self.sets {
                 if !set.is_match(text) {
                     continue;
@@ -593,11 +587,9 @@ impl Prefilter {
                 }
             }
             let mut sets = Vec::new();
-            let mut singles = Vec::new();
-            if searched.len() <= SINGLES_UP_TO {
-                for (regex, offset) in searched {
-                    insert(&mut members, offset as usize);
-                    singles.push((regex.clone(), offset));
+            if searched.len() <= UNFILTERED_UP_TO {
+                for (_, offset) in searched {
+                    insert(&mut condition_free, offset as usize);
                 }
             } else {
                 for chunk in searched.chunks(REGEXES_PER_SET) {
@@ -621,13 +613,12 @@ impl Prefilter {
                 }
             }
             let prefixes = Affixes::new(prefixes, len, End::Start);
-            if !sets.is_empty() || !singles.is_empty() || !prefixes.lengths.is_empty() {
+            if !sets.is_empty() || !prefixes.lengths.is_empty() {
                 paths.push(PathFilter {
                     query: query.clone(),
                     members,
                     prefixes,
                     sets,
-                    singles,
                 });
             }
         }
