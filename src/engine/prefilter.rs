@@ -118,22 +118,44 @@ struct LabelKey {
     values: HashMap<String, Members>,
 }
 
+/// `out` becomes a copy of `bits`, in the memory it has.
+fn reset(out: &mut Bits, bits: &[u64]) {
+    out.clear();
+    out.extend_from_slice(bits);
+}
+
 impl LabelFilter {
-    fn kept(&self, labels: Option<&Map<String, Value>>) -> Bits {
-        let mut out = self.free.clone();
-        for (key, value) in labels.into_iter().flatten() {
+    fn kept(&self, labels: Option<&Map<String, Value>>, out: &mut Bits) {
+        reset(out, &self.free);
+        let Some(labels) = labels else {
+            return;
+        };
+        let mut add = |rules: &LabelKey, value: &Value| {
             // The selector reads a label that is not a string as absent.
-            let (Some(value), Some(rules)) = (value.as_str(), self.keys.get(key)) else {
-                continue;
+            let Some(value) = value.as_str() else {
+                return;
             };
             if let Some(any) = &rules.any_value {
-                any.add_to(&mut out);
+                any.add_to(out);
             }
             if let Some(members) = rules.values.get(value) {
-                members.add_to(&mut out);
+                members.add_to(out);
+            }
+        };
+        // Whichever side has fewer keys is walked, the other searched.
+        if self.keys.len() < labels.len() {
+            for (key, rules) in &self.keys {
+                if let Some(value) = labels.get(key) {
+                    add(rules, value);
+                }
+            }
+        } else {
+            for (key, value) in labels {
+                if let Some(rules) = self.keys.get(key) {
+                    add(rules, value);
+                }
             }
         }
-        out
     }
 }
 
@@ -241,11 +263,10 @@ fn common_affix<'k>(mut keys: impl Iterator<Item = &'k str>, end: End) -> &'k st
 }
 
 impl NameFilter {
-    fn kept(&self, name: &str) -> Bits {
-        let mut out = self.free.clone();
-        self.prefixes.add_kept(name, End::Start, &mut out);
-        self.suffixes.add_kept(name, End::End, &mut out);
-        out
+    fn kept(&self, name: &str, out: &mut Bits) {
+        reset(out, &self.free);
+        self.prefixes.add_kept(name, End::Start, out);
+        self.suffixes.add_kept(name, End::End, out);
     }
 }
 
@@ -257,16 +278,27 @@ struct AnnotationFilter {
 }
 
 impl AnnotationFilter {
-    fn kept(&self, annotations: Option<&Map<String, Value>>) -> Bits {
-        let mut out = self.free.clone();
-        for (key, value) in annotations.into_iter().flatten() {
-            if value.is_string()
-                && let Some(members) = self.keys.get(key)
-            {
-                members.add_to(&mut out);
+    fn kept(&self, annotations: Option<&Map<String, Value>>, out: &mut Bits) {
+        reset(out, &self.free);
+        let Some(annotations) = annotations else {
+            return;
+        };
+        // Whichever side has fewer keys is walked, the other searched.
+        if self.keys.len() < annotations.len() {
+            for (key, members) in &self.keys {
+                if annotations.get(key).is_some_and(Value::is_string) {
+                    members.add_to(out);
+                }
+            }
+        } else {
+            for (key, value) in annotations {
+                if value.is_string()
+                    && let Some(members) = self.keys.get(key)
+                {
+                    members.add_to(out);
+                }
             }
         }
-        out
     }
 }
 
@@ -652,11 +684,15 @@ impl Prefilter {
         let mut survivors = Survivors {
             operation: operation_slot(candidate.operation()),
             cannot_tell: candidate.namespace_labels_unknown(),
-            labels: self.labels.kept(candidate.labels()),
-            annotations: self.annotations.kept(candidate.annotations()),
-            names: self.names.kept(candidate.glob_name()),
+            labels: Vec::with_capacity(words(self.len)),
+            annotations: Vec::with_capacity(words(self.len)),
+            names: Vec::with_capacity(words(self.len)),
             conditions: self.conditions.free.clone(),
         };
+        self.labels.kept(candidate.labels(), &mut survivors.labels);
+        self.annotations
+            .kept(candidate.annotations(), &mut survivors.annotations);
+        self.names.kept(candidate.glob_name(), &mut survivors.names);
         for path in &self.conditions.paths {
             path.add_kept(reading, &mut survivors.conditions);
         }
@@ -674,15 +710,16 @@ impl Prefilter {
         let candidate = &reading.candidate;
         let mut refreshed = false;
         if labels {
-            survivors.labels = self.labels.kept(candidate.labels());
+            self.labels.kept(candidate.labels(), &mut survivors.labels);
             refreshed = true;
         }
         if annotations {
-            survivors.annotations = self.annotations.kept(candidate.annotations());
+            self.annotations
+                .kept(candidate.annotations(), &mut survivors.annotations);
             refreshed = true;
         }
         if name {
-            survivors.names = self.names.kept(candidate.glob_name());
+            self.names.kept(candidate.glob_name(), &mut survivors.names);
             refreshed = true;
         }
         for path in &self.conditions.paths {
