@@ -70,12 +70,44 @@ pub struct Initium {
 
 impl Initium {
     /// Starts `initium serve` on free ports and waits (up to 180 s) until `/readyz` says ready.
+    ///
+    /// A port found free may be taken before initium binds it (by another test's process, or
+    /// as the local port of an outgoing connection): when initium exits saying so, it is
+    /// started again on other ports, up to three times in all.
     pub fn start(plane: &Plane, options: InitiumOptions) -> Result<Initium> {
-        let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let ops: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let mut initium = Initium::spawn(plane, &options, webhook, ops)?;
-        initium.wait_ready(Duration::from_secs(180))?;
-        Ok(initium)
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+            let ops: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+            let logged_before = std::fs::metadata(&options.log).map_or(0, |m| m.len());
+            let mut initium = Initium::spawn(plane, &options, webhook, ops)?;
+            match initium.wait_ready(Duration::from_secs(180)) {
+                Ok(()) => return Ok(initium),
+                Err(e) if attempt < ATTEMPTS && initium.port_was_taken(logged_before) => {
+                    eprintln!(
+                        "initium serve could not bind {webhook} or {ops} (taken since found \
+                         free): starting it again on other ports ({e:#})"
+                    );
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether the process has exited and its log, after its first `logged_before` bytes,
+    /// says a port it was given was in use.
+    fn port_was_taken(&mut self, logged_before: u64) -> bool {
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            return false;
+        }
+        let Ok(log) = std::fs::read(&self.log) else {
+            return false;
+        };
+        let start = usize::try_from(logged_before).unwrap_or(usize::MAX);
+        log.get(start..)
+            .is_some_and(|new| String::from_utf8_lossy(new).contains("Address already in use"))
     }
 
     /// Starts `initium serve` with its webhook on `webhook` and its operations port on `ops`,
