@@ -293,9 +293,8 @@ impl RuleIndex {
                 RuleResult::Changed(journal) => {
                     outcome.matched.push(rule.id.clone());
                     outcome.applied.push(rule.id.clone());
-                    if prefiltered && candidates.is_prefiltered() {
-                        let touched: Vec<&Pointer> = journal.touched().collect();
-                        candidates.object_changed(subject, &doc, &touched);
+                    if prefiltered {
+                        candidates.object_changed(subject, &doc, journal.touched());
                     }
                     changes.absorb(journal);
                 }

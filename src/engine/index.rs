@@ -288,11 +288,17 @@ impl<'i> Candidates<'i> {
 
     /// A rule changed `doc` at (or below) `touched`: the rules after it are looked up again
     /// where the prefilters read what it touched.
-    pub fn object_changed(&mut self, subject: &Subject, doc: &Value, touched: &[&Pointer]) {
+    pub fn object_changed<'p>(
+        &mut self,
+        subject: &Subject,
+        doc: &Value,
+        touched: impl Iterator<Item = &'p Pointer>,
+    ) {
         if !self.is_prefiltered() {
             return;
         }
-        let mut reading = Reading::changed(subject, doc, touched);
+        let touched: Vec<&Pointer> = touched.collect();
+        let mut reading = Reading::changed(subject, doc, &touched);
         for cursor in &mut self.parts {
             if let (Some(prefilter), Some(survivors)) =
                 (&cursor.part.prefilter, &mut cursor.survivors)
@@ -311,7 +317,7 @@ impl<'i> Candidates<'i> {
     }
 
     /// True when a part's candidates are prefiltered: what a rule changes may change them.
-    pub fn is_prefiltered(&self) -> bool {
+    fn is_prefiltered(&self) -> bool {
         self.parts.iter().any(|cursor| cursor.survivors.is_some())
     }
 
