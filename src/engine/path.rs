@@ -410,42 +410,38 @@ fn find_slash_or_tilde(bytes: &[u8]) -> Option<usize> {
         .map(|i| at + i)
 }
 
+/// The token `raw` with `~1` and `~0` decoded. Byte by byte from the first `~`: a rule's
+/// label and annotation keys (`example.com~1team`) are decoded on every walk to them, and
+/// searching for each `~` as a `char` cost several times the decoding.
 fn unescape(raw: &str) -> Cow<'_, str> {
-    if !raw.contains('~') {
+    let bytes = raw.as_bytes();
+    let Some(first) = bytes.iter().position(|&b| b == b'~') else {
         return raw.into();
+    };
+    let mut out = Vec::with_capacity(raw.len());
+    out.extend_from_slice(bytes.get(..first).unwrap_or_default());
+    let mut rest = bytes.get(first..).unwrap_or_default();
+    while let Some((&b, after)) = rest.split_first() {
+        rest = after;
+        if b != b'~' {
+            out.push(b);
+            continue;
+        }
+        match after.first() {
+            Some(b'1') => out.push(b'/'),
+            Some(b'0') => out.push(b'~'),
+            // parse() rejects anything else after a `~`; keep it as written rather than guess.
+            Some(&other) => out.extend_from_slice(&[b'~', other]),
+            None => out.push(b'~'),
+        }
+        rest = after.get(1..).unwrap_or_default();
     }
-    let mut out = String::with_capacity(raw.len());
-    let mut rest = raw;
-    while let Some(at) = rest.find('~') {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        rest = match after.chars().next() {
-            Some('1') => {
-                out.push('/');
-                &after[1..]
-            }
-            Some('0') => {
-                out.push('~');
-                &after[1..]
-            }
-            // parse() rejects anything else; keep it as written rather than guess.
-            Some(other) => {
-                out.push('~');
-                out.push(other);
-                &after[other.len_utf8()..]
-            }
-            None => {
-                out.push('~');
-                after
-            }
-        };
-    }
-    out.push_str(rest);
-    out.into()
+    // Only ASCII was put in place of ASCII, so the bytes are still UTF-8.
+    String::from_utf8(out).map_or(Cow::Borrowed(raw), Cow::Owned)
 }
 
 pub(super) fn escape(token: &str) -> Cow<'_, str> {
-    if !token.bytes().any(|b| b == b'~' || b == b'/') {
+    if find_slash_or_tilde(token.as_bytes()).is_none() {
         return token.into();
     }
     let mut out = String::with_capacity(token.len() + 2);
