@@ -9,6 +9,10 @@
 
 use serde_json::{Map, Number, Value};
 
+/// Objects of up to this many entries become a `Map` by inserting each entry; larger ones by
+/// collecting them (linear in the entries, as they are already sorted).
+const INSERT_UP_TO: usize = 6;
+
 /// A JSON value, immutable and compact.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Lit {
@@ -46,6 +50,15 @@ impl Lit {
             // through the formatter.
             Lit::String(s) => Value::String(String::from(&**s)),
             Lit::Array(items) => Value::Array(items.iter().map(Lit::to_value).collect()),
+            // A few entries are inserted one by one (each insert compares with the keys
+            // before it); collecting would also buffer, sort and then build them.
+            Lit::Object(entries) if entries.len() <= INSERT_UP_TO => {
+                let mut map = Map::new();
+                for (k, v) in entries {
+                    map.insert(String::from(&**k), v.to_value());
+                }
+                Value::Object(map)
+            }
             Lit::Object(entries) => Value::Object(
                 entries
                     .iter()
@@ -165,6 +178,12 @@ mod tests {
         assert!(lit != json!({"b": [1, 2.5, -3, "x", null, true], "a": {"c": {}}}));
         assert!(Lit::from_value(&json!(1)) != json!(1.0));
         assert!(Lit::from_value(&json!({"a": 1})) != json!({"b": 1}));
+        // Past INSERT_UP_TO entries an object is collected rather than inserted into.
+        let wide: Value = (0..INSERT_UP_TO + 3)
+            .map(|i| (format!("k{i}"), json!({"v": i})))
+            .collect::<Map<String, Value>>()
+            .into();
+        assert_eq!(Lit::from_value(&wide).to_value(), wide);
     }
 
     #[test]
