@@ -11,6 +11,7 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde_json::Value;
 
+use super::json_out;
 use super::path::{Pointer, Resolver, lookup};
 
 /// Prior values of the parts a rule touched, in the order it touched them.
@@ -414,10 +415,10 @@ fn write_op(
     out.extend_from_slice(b"{\"op\":\"");
     out.extend_from_slice(op.name().as_bytes());
     out.extend_from_slice(b"\",\"path\":");
-    serde_json::to_writer(&mut *out, op.path())?;
+    json_out::string(out, op.path());
     if !matches!(op, PatchOp::Remove(_)) {
         out.extend_from_slice(b",\"value\":");
-        serde_json::to_writer(&mut *out, value.unwrap_or(&Value::Null))?;
+        json_out::value(out, value.unwrap_or(&Value::Null))?;
     }
     out.push(b'}');
     Ok(())

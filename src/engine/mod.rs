@@ -8,6 +8,7 @@ mod gate;
 mod glob;
 mod index;
 mod journal;
+mod json_out;
 mod kind;
 mod limits;
 mod literal;
