@@ -7,6 +7,8 @@
 
 use serde_json::{Number, Value};
 
+use super::scan;
+
 /// Writes `value` as compact JSON.
 pub(crate) fn value(out: &mut Vec<u8>, value: &Value) -> serde_json::Result<()> {
     match value {
@@ -115,33 +117,11 @@ fn needs_escape(byte: u8) -> bool {
 
 /// Where the first byte that needs an escape is: a control character, `"` or `\`.
 fn first_to_escape(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    // The high bit of each byte of `word` that equals `byte` (and, above the first such byte,
-    // possibly of others: only the lowest one is read).
-    let equal = |word: u64, byte: u8| {
-        let x = word ^ (ONES * u64::from(byte));
-        x.wrapping_sub(ONES) & !x & HIGHS
-    };
-    let mut chunks = bytes.chunks_exact(8);
-    let mut at = 0;
-    for chunk in &mut chunks {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let word = u64::from_le_bytes(word);
-        // Bytes below 0x20, with the same caveat above the first.
-        let control = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
-        let found = control | equal(word, b'"') | equal(word, b'\\');
-        if found != 0 {
-            return Some(at + (found.trailing_zeros() / 8) as usize);
-        }
-        at += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|&b| needs_escape(b))
-        .map(|i| at + i)
+    scan::first(
+        bytes,
+        |word| scan::below(word, 0x20) | scan::equal(word, b'"') | scan::equal(word, b'\\'),
+        needs_escape,
+    )
 }
 
 #[cfg(test)]

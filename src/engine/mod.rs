@@ -19,6 +19,7 @@ mod parse;
 mod path;
 mod prefilter;
 mod rule;
+mod scan;
 mod template;
 
 pub use error::{ApplyError, FieldError, IdentityChange, InternalError, RuleErrors, sanitize};
