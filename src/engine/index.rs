@@ -6,6 +6,7 @@ use foldhash::HashMap;
 use std::sync::Arc;
 
 use serde_json::Value;
+use smallvec::SmallVec;
 
 use super::kind::Gvk;
 use super::path::Pointer;
@@ -297,7 +298,7 @@ impl<'i> Candidates<'i> {
         if !self.is_prefiltered() {
             return;
         }
-        let touched: Vec<&Pointer> = touched.collect();
+        let touched: SmallVec<[&Pointer; 8]> = touched.collect();
         let mut reading = Reading::changed(subject, doc, &touched);
         for cursor in &mut self.parts {
             if let (Some(prefilter), Some(survivors)) =

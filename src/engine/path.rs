@@ -549,11 +549,28 @@ pub enum QueryProblem {
 pub struct Query {
     query: JpQuery,
     simple: Option<Vec<Step>>,
+    /// A simple query's steps as the tokens of a pointer are written (names escaped), for
+    /// [`Query::may_select_under`].
+    written: Option<Vec<Written>>,
     text: String,
     /// Descendant segments (`..`): each can visit the whole object again.
     descendants: usize,
     /// Calls of `match()` and `search()`, which compile their pattern at every node they test.
     regex_functions: usize,
+}
+
+/// A step of a simple query as a pointer's token is written: one of these names (escaped),
+/// or any token (an index or a wildcard).
+#[derive(Clone, Debug)]
+enum Written {
+    Names(Vec<String>),
+    Any,
+}
+
+/// The text after `name` when `text` starts with the whole token `name`.
+fn after_token<'t>(text: &'t [u8], name: &[u8]) -> Option<&'t [u8]> {
+    let tail = text.strip_prefix(name)?;
+    matches!(tail.first(), None | Some(b'/')).then_some(tail)
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -601,9 +618,22 @@ impl Query {
             compile_regex(pattern, REGEX_FUNCTION_BYTES)
                 .map_err(|source| invalid(QueryProblem::FunctionRegex(Box::new(source))))?;
         }
+        let simple = parse_simple(text);
+        let written = simple.as_ref().map(|steps| {
+            steps
+                .iter()
+                .map(|step| match step {
+                    Step::Names(names) => {
+                        Written::Names(names.iter().map(|name| escape(name).into_owned()).collect())
+                    }
+                    Step::Index(_) | Step::Wildcard => Written::Any,
+                })
+                .collect()
+        });
         Ok(Query {
             query,
-            simple: parse_simple(text),
+            simple,
+            written,
             text: text.to_string(),
             descendants: shape.descendants,
             regex_functions: patterns.len(),
@@ -661,16 +691,35 @@ impl Query {
     /// (`/spec/volumes` for `$.spec.containers[*].image`). Indices count as any element,
     /// since inserting into a list moves the elements after it.
     pub fn may_select_under(&self, pointer: &Pointer) -> bool {
-        let Some(steps) = &self.simple else {
+        let Some(steps) = &self.written else {
             return true;
         };
-        pointer
-            .tokens()
-            .zip(steps)
-            .all(|((token, _), step)| match step {
-                Step::Names(names) => names.iter().any(|name| *name == token),
-                Step::Index(_) | Step::Wildcard => true,
-            })
+        // The pointer's text is read as written: a pointer's escapes are valid (`~0`, `~1`),
+        // so two tokens are equal exactly when their written forms are. This runs after
+        // every change to an object, for every prefiltered path.
+        let mut rest = pointer.as_str().as_bytes();
+        for step in steps {
+            let Some(after) = rest.strip_prefix(b"/") else {
+                // The pointer ends above the values: they may be under it.
+                return true;
+            };
+            rest = match step {
+                Written::Names(names) => {
+                    match names
+                        .iter()
+                        .find_map(|name| after_token(after, name.as_bytes()))
+                    {
+                        Some(tail) => tail,
+                        None => return false,
+                    }
+                }
+                Written::Any => {
+                    let end = after.iter().position(|b| *b == b'/').unwrap_or(after.len());
+                    after.get(end..).unwrap_or_default()
+                }
+            };
+        }
+        true
     }
 
     /// The selected values. Queries are validated at compile time, so an evaluation error
@@ -686,6 +735,22 @@ impl Query {
         Ok(js_path_process(&self.query, doc)
             .map(|found| found.into_iter().map(|r| r.val()).collect())
             .unwrap_or_default())
+    }
+
+    /// [`Query::select`], each selected value given to `emit` rather than collected.
+    pub(crate) fn select_each<'a>(
+        &self,
+        doc: &'a Value,
+        emit: &mut impl FnMut(&'a Value),
+    ) -> Result<(), QueryError> {
+        if let Some(steps) = &self.simple {
+            walk_values(doc, steps, emit);
+            return Ok(());
+        }
+        for value in self.select(doc)? {
+            emit(value);
+        }
+        Ok(())
     }
 
     /// For a simple query, how many values it selects (without collecting them); `None`
@@ -1426,6 +1491,79 @@ mod tests {
                 .unwrap()
                 .names_list_slot()
         );
+    }
+
+    #[test]
+    fn a_change_under_a_path_is_told_from_its_text_as_from_its_decoded_tokens() {
+        // The reference: every decoded token against its step, as before the text was read
+        // directly.
+        fn reference(query: &Query, pointer: &Pointer) -> bool {
+            let Some(steps) = &query.simple else {
+                return true;
+            };
+            pointer
+                .tokens()
+                .zip(steps)
+                .all(|((token, _), step)| match step {
+                    Step::Names(names) => names.iter().any(|name| *name == token),
+                    Step::Index(_) | Step::Wildcard => true,
+                })
+        }
+        let queries = [
+            "$.spec.containers[*].image",
+            "$.spec['containers','initContainers'][*].image",
+            "$.spec.containers[0].image",
+            "$.metadata.labels['a/b']",
+            "$.metadata.labels['a~b']",
+            "$.metadata.labels['~x']",
+            "$..image",
+        ];
+        let pointers = [
+            "",
+            "/",
+            "//",
+            "/spec",
+            "/spec/",
+            "/spec/containers",
+            "/spec/containers/0",
+            "/spec/containers/0/image",
+            "/spec/containers/0/image/x",
+            "/spec/containers/0/env",
+            "/spec/initContainers/3/image",
+            "/spec/cont",
+            "/spec/containersX/0/image",
+            "/spec/volumes/1",
+            "/metadata",
+            "/metadata/labels",
+            "/metadata/labels/a~1b",
+            "/metadata/labels/a~0b",
+            "/metadata/labels/~0x",
+            "/metadata/labels/~1",
+            "/metadata/labels/a",
+            "/metadata/labels/a/b",
+            "/spec/contain~0ers/0/image",
+            "/spec/containers/0/ima~1ge",
+            "/spec/containers/~1/image",
+        ];
+        for q in queries {
+            let query = Query::parse(q).unwrap();
+            for p in pointers {
+                let pointer = Pointer::parse(p).unwrap();
+                assert_eq!(
+                    query.may_select_under(&pointer),
+                    reference(&query, &pointer),
+                    "{q} at {p}"
+                );
+            }
+        }
+        // And it tells them apart: a sibling is not under the path; an ancestor and a
+        // descendant are.
+        let query = Query::parse("$.spec.containers[*].image").unwrap();
+        let under = |p: &str| query.may_select_under(&Pointer::parse(p).unwrap());
+        assert!(!under("/spec/containers/0/env"));
+        assert!(!under("/spec/containersX/0/image"));
+        assert!(under("/spec"));
+        assert!(under("/spec/containers/1/image/x"));
     }
 
     #[test]

@@ -9,7 +9,6 @@
 //! can make a later rule match: the facets that read a part it touched are looked up again.
 
 use foldhash::HashMap;
-use std::sync::LazyLock;
 
 use regex::{Regex, RegexSet, RegexSetBuilder};
 use serde_json::{Map, Value};
@@ -399,29 +398,59 @@ impl PathFilter {
 /// What the prefilters read of the object, once for all the parts that read it: the parts
 /// of one admission often hold rules with the same JSONPath.
 pub(crate) struct Reading<'q, 'd> {
-    candidate: Candidate<'d>,
+    subject: &'d Subject<'d>,
     doc: &'d Value,
+    /// The object's metadata as the match fields read it, looked up when a facet needs it
+    /// (after most changes none does).
+    candidate: Option<Candidate<'d>>,
     /// The strings each path selects (`None`: the query fails), by the path's text.
     selected: Vec<(&'q str, Option<Vec<&'d str>>)>,
     /// What a rule that changed the object touched, when one did.
-    touched: Option<Touched<'q, 'd>>,
+    touched: Option<Touched<'d>>,
 }
 
 /// The parts of the object a rule touched, as the prefilters read them.
-struct Touched<'q, 'd> {
+struct Touched<'d> {
     pointers: &'d [&'d Pointer],
     labels: bool,
     annotations: bool,
     name: bool,
-    /// Whether each path (by its text) may select something else now.
-    paths: Vec<(&'q str, bool)>,
+}
+
+/// The metadata facets a change at `pointer` may have changed, read from its text (a change
+/// at, above or below a field changes it): (labels, annotations, name).
+fn metadata_touched(pointer: &Pointer) -> (bool, bool, bool) {
+    let text = pointer.as_str();
+    let Some(rest) = text.strip_prefix("/metadata") else {
+        // The root, replaced whole, holds every field; any other change is outside metadata.
+        let root = text.is_empty();
+        return (root, root, root);
+    };
+    if rest.is_empty() {
+        return (true, true, true);
+    }
+    let Some(rest) = rest.strip_prefix('/') else {
+        // `/metadataX`: another field.
+        return (false, false, false);
+    };
+    // The field's token as written: a pointer's escapes are valid, and none spells a letter.
+    let field = |name: &str| {
+        rest.strip_prefix(name)
+            .is_some_and(|tail| tail.is_empty() || tail.starts_with('/'))
+    };
+    (
+        field("labels"),
+        field("annotations"),
+        field("name") || field("generateName"),
+    )
 }
 
 impl<'q, 'd> Reading<'q, 'd> {
     pub fn new(subject: &'d Subject<'d>, doc: &'d Value) -> Reading<'q, 'd> {
         Reading {
-            candidate: Candidate::new(subject, doc),
+            subject,
             doc,
+            candidate: None,
             selected: Vec::new(),
             touched: None,
         }
@@ -433,37 +462,28 @@ impl<'q, 'd> Reading<'q, 'd> {
         doc: &'d Value,
         touched: &'d [&'d Pointer],
     ) -> Reading<'q, 'd> {
-        static LABELS: LazyLock<Pointer> =
-            LazyLock::new(|| Pointer::from_tokens(["metadata", "labels"]));
-        static ANNOTATIONS: LazyLock<Pointer> =
-            LazyLock::new(|| Pointer::from_tokens(["metadata", "annotations"]));
-        static NAMES: LazyLock<[Pointer; 2]> = LazyLock::new(|| {
-            [
-                Pointer::from_tokens(["metadata", "name"]),
-                Pointer::from_tokens(["metadata", "generateName"]),
-            ]
-        });
-        static METADATA: LazyLock<Pointer> = LazyLock::new(|| Pointer::from_tokens(["metadata"]));
-        // Most rules change the spec: one look at `/metadata` rules out the fields below it.
-        let metadata = touched
-            .iter()
-            .any(|p| p.contains(&METADATA) || METADATA.contains(p));
-        let near = |field: &Pointer| {
-            metadata
-                && touched
-                    .iter()
-                    .any(|p| p.contains(field) || field.contains(p))
-        };
+        let (mut labels, mut annotations, mut name) = (false, false, false);
+        for pointer in touched {
+            let (l, a, n) = metadata_touched(pointer);
+            labels |= l;
+            annotations |= a;
+            name |= n;
+        }
         Reading {
             touched: Some(Touched {
                 pointers: touched,
-                labels: near(&LABELS),
-                annotations: near(&ANNOTATIONS),
-                name: NAMES.iter().any(near),
-                paths: Vec::new(),
+                labels,
+                annotations,
+                name,
             }),
             ..Reading::new(subject, doc)
         }
+    }
+
+    fn candidate(&mut self) -> Candidate<'d> {
+        *self
+            .candidate
+            .get_or_insert_with(|| Candidate::new(self.subject, self.doc))
     }
 
     fn selected(&mut self, query: &'q Query) -> Option<&[&'d str]> {
@@ -471,10 +491,15 @@ impl<'q, 'd> Reading<'q, 'd> {
         let at = match self.selected.iter().position(|(t, _)| *t == text) {
             Some(at) => at,
             None => {
+                let mut strings = Vec::new();
                 let values = query
-                    .select(self.doc)
+                    .select_each(self.doc, &mut |value| {
+                        if let Some(text) = value.as_str() {
+                            strings.push(text);
+                        }
+                    })
                     .ok()
-                    .map(|values| values.into_iter().filter_map(Value::as_str).collect());
+                    .map(|()| strings);
                 self.selected.push((text, values));
                 self.selected.len() - 1
             }
@@ -485,17 +510,11 @@ impl<'q, 'd> Reading<'q, 'd> {
     }
 
     /// Whether `query` may select something else than before the change.
-    fn path_touched(&mut self, query: &'q Query) -> bool {
-        let Some(touched) = &mut self.touched else {
-            return true;
-        };
-        let text = query.text();
-        if let Some((_, stale)) = touched.paths.iter().find(|(t, _)| *t == text) {
-            return *stale;
+    fn path_touched(&self, query: &Query) -> bool {
+        match &self.touched {
+            Some(touched) => touched.pointers.iter().any(|p| query.may_select_under(p)),
+            None => true,
         }
-        let stale = touched.pointers.iter().any(|p| query.may_select_under(p));
-        touched.paths.push((text, stale));
-        stale
     }
 }
 
@@ -681,7 +700,7 @@ impl Prefilter {
 
     /// The rules that may match the object read (as the rules before have left it).
     pub fn survivors<'q>(&'q self, reading: &mut Reading<'q, '_>) -> Survivors {
-        let candidate = &reading.candidate;
+        let candidate = reading.candidate();
         let mut survivors = Survivors {
             operation: operation_slot(candidate.operation()),
             cannot_tell: candidate.namespace_labels_unknown(),
@@ -689,6 +708,7 @@ impl Prefilter {
             annotations: Vec::with_capacity(words(self.len)),
             names: Vec::with_capacity(words(self.len)),
             conditions: self.conditions.free.clone(),
+            kept: Vec::with_capacity(words(self.len)),
         };
         self.labels.kept(candidate.labels(), &mut survivors.labels);
         self.annotations
@@ -698,6 +718,7 @@ impl Prefilter {
             path.add_kept(reading, &mut survivors.conditions);
         }
         self.spare_namespace_selectors(&mut survivors);
+        self.combine(&mut survivors);
         survivors
     }
 
@@ -708,18 +729,20 @@ impl Prefilter {
             Some(t) => (t.labels, t.annotations, t.name),
             None => (true, true, true),
         };
-        let candidate = &reading.candidate;
         let mut refreshed = false;
         if labels {
+            let candidate = reading.candidate();
             self.labels.kept(candidate.labels(), &mut survivors.labels);
             refreshed = true;
         }
         if annotations {
+            let candidate = reading.candidate();
             self.annotations
                 .kept(candidate.annotations(), &mut survivors.annotations);
             refreshed = true;
         }
         if name {
+            let candidate = reading.candidate();
             self.names.kept(candidate.glob_name(), &mut survivors.names);
             refreshed = true;
         }
@@ -734,6 +757,7 @@ impl Prefilter {
         }
         if refreshed {
             self.spare_namespace_selectors(survivors);
+            self.combine(survivors);
         }
         refreshed
     }
@@ -749,33 +773,44 @@ impl Prefilter {
         }
     }
 
-    /// The rules at offsets `64 * index ..` that survive, as a bitset word.
-    pub fn word(&self, survivors: &Survivors, index: usize) -> u64 {
-        let at = |bits: &Bits| bits.get(index).copied().unwrap_or(0);
-        at(&self.operations[survivors.operation])
-            & at(&survivors.labels)
-            & at(&survivors.annotations)
-            & at(&survivors.names)
-            & at(&survivors.conditions)
+    /// `survivors.kept`: the rules every facet keeps, and that accept the operation.
+    fn combine(&self, survivors: &mut Survivors) {
+        let n = words(self.len);
+        let kept = &mut survivors.kept;
+        kept.clear();
+        kept.resize(n, 0);
+        let facets = (
+            kept.get_mut(..n),
+            self.operations[survivors.operation].get(..n),
+            survivors.labels.get(..n),
+            survivors.annotations.get(..n),
+            survivors.names.get(..n),
+            survivors.conditions.get(..n),
+        );
+        if let (Some(k), Some(o), Some(l), Some(a), Some(names), Some(c)) = facets {
+            // Slices of one length: no bounds checks, and the words are ANDed a few at once.
+            for i in 0..n {
+                k[i] = o[i] & l[i] & a[i] & names[i] & c[i];
+            }
+        }
     }
 
     /// The first surviving offset at or after `from` (`len()` when none).
     pub fn next_survivor(&self, survivors: &Survivors, from: usize) -> usize {
+        let kept = survivors.kept.as_slice();
         let mut index = from / WORD;
-        if index >= words(self.len) {
+        let Some(first) = kept.get(index) else {
             return self.len;
-        }
-        let mut bits = self.word(survivors, index) & (!0u64 << (from % WORD));
-        loop {
-            if bits != 0 {
-                return (index * WORD + bits.trailing_zeros() as usize).min(self.len);
-            }
+        };
+        let mut bits = first & (!0u64 << (from % WORD));
+        while bits == 0 {
             index += 1;
-            if index >= words(self.len) {
-                return self.len;
+            match kept.get(index) {
+                Some(next) => bits = *next,
+                None => return self.len,
             }
-            bits = self.word(survivors, index);
         }
+        (index * WORD + bits.trailing_zeros() as usize).min(self.len)
     }
 }
 
@@ -789,6 +824,8 @@ pub(crate) struct Survivors {
     annotations: Bits,
     names: Bits,
     conditions: Bits,
+    /// What all of them keep: the candidates, read word by word by `next_survivor`.
+    kept: Bits,
 }
 
 #[cfg(test)]

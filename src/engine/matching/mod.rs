@@ -176,6 +176,7 @@ pub(crate) enum LabelNeed<'r> {
 }
 
 /// The object under admission as the match fields look at it.
+#[derive(Clone, Copy)]
 pub(crate) struct Candidate<'a> {
     subject: &'a Subject<'a>,
     metadata: Option<&'a Value>,

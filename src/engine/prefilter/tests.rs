@@ -17,6 +17,7 @@ use crate::engine::rule::{CompiledRule, RanBefore, Subject};
 
 use super::{
     Affixes, End, Keyed, Members, Prefilter, Reading, Survivors, anchored_prefix, common_affix,
+    metadata_touched,
 };
 
 fn compiled(docs: &[Value]) -> Vec<CompiledRule> {
@@ -489,6 +490,50 @@ fn a_change_looks_again_only_where_it_touched() {
         kept_by(&prefilter, &survivors, &rules),
         ["labelled", "image"]
     );
+}
+
+#[test]
+fn the_metadata_a_change_touches_is_read_from_its_pointer() {
+    // The reference: a change at, above or below the field (pointers that hold one another).
+    let at = |p: &str| Pointer::parse(p).unwrap_or_else(|e| panic!("{e}"));
+    let near = |pointer: &Pointer, field: &str| {
+        let field = at(field);
+        pointer.contains(&field) || field.contains(pointer)
+    };
+    let pointers = [
+        "",
+        "/metadata",
+        "/metadataX",
+        "/metadataX/labels",
+        "/metadata/labels",
+        "/metadata/labels/app",
+        "/metadata/labels/a~1b",
+        "/metadata/labelsX",
+        "/metadata/annotations",
+        "/metadata/annotations/example.com~1namespace",
+        "/metadata/name",
+        "/metadata/names",
+        "/metadata/generateName",
+        "/metadata/ownerReferences/0",
+        "/metadata/lab~0els",
+        "/spec/metadata/labels",
+        "/spec/containers/0/image",
+        "/",
+    ];
+    for p in pointers {
+        let pointer = at(p);
+        let want = (
+            near(&pointer, "/metadata/labels"),
+            near(&pointer, "/metadata/annotations"),
+            near(&pointer, "/metadata/name") || near(&pointer, "/metadata/generateName"),
+        );
+        assert_eq!(metadata_touched(&pointer), want, "{p}");
+    }
+    assert_eq!(
+        metadata_touched(&at("/metadata/labels/app")),
+        (true, false, false)
+    );
+    assert_eq!(metadata_touched(&at("")), (true, true, true));
 }
 
 #[test]
