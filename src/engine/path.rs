@@ -567,8 +567,9 @@ enum Written {
     Any,
 }
 
-/// The text after `name` when `text` starts with the whole token `name`.
-fn after_token<'t>(text: &'t [u8], name: &[u8]) -> Option<&'t [u8]> {
+/// The text after `name` when `text` starts with the whole token `name` (the written form of
+/// one or more tokens, as in `/metadata`).
+pub(super) fn after_token<'t>(text: &'t [u8], name: &[u8]) -> Option<&'t [u8]> {
     let tail = text.strip_prefix(name)?;
     matches!(tail.first(), None | Some(b'/')).then_some(tail)
 }

@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use crate::api::Operation;
 
 use super::matching::{Candidate, LabelNeed};
-use super::path::{Pointer, Query};
+use super::path::{Pointer, Query, after_token};
 use super::rule::{CompiledRule, Subject};
 
 /// Rules per bitset word.
@@ -420,28 +420,21 @@ struct Touched<'d> {
 /// The metadata facets a change at `pointer` may have changed, read from its text (a change
 /// at, above or below a field changes it): (labels, annotations, name).
 fn metadata_touched(pointer: &Pointer) -> (bool, bool, bool) {
-    let text = pointer.as_str();
-    let Some(rest) = text.strip_prefix("/metadata") else {
+    let text = pointer.as_str().as_bytes();
+    let Some(rest) = after_token(text, b"/metadata") else {
         // The root, replaced whole, holds every field; any other change is outside metadata.
         let root = text.is_empty();
         return (root, root, root);
     };
-    if rest.is_empty() {
+    let Some(rest) = rest.strip_prefix(b"/") else {
         return (true, true, true);
-    }
-    let Some(rest) = rest.strip_prefix('/') else {
-        // `/metadataX`: another field.
-        return (false, false, false);
     };
     // The field's token as written: a pointer's escapes are valid, and none spells a letter.
-    let field = |name: &str| {
-        rest.strip_prefix(name)
-            .is_some_and(|tail| tail.is_empty() || tail.starts_with('/'))
-    };
+    let field = |name: &[u8]| after_token(rest, name).is_some();
     (
-        field("labels"),
-        field("annotations"),
-        field("name") || field("generateName"),
+        field(b"labels"),
+        field(b"annotations"),
+        field(b"name") || field(b"generateName"),
     )
 }
 
