@@ -6,17 +6,19 @@
 //! Each rule is kept by necessary conditions of its `match` and `conditions` ([`Needs`],
 //! `Conditions::first_regex`): a rule they rule out would not have matched, and would not have
 //! failed either; the rules they keep are matched in full. A rule that changes the object
-//! can make a later rule match: the facets that read a part it touched are looked up again.
+//! can make a later rule match: the facets that read a part it touched are looked up again
+//! (for labels and annotations, only when it touched a key some rule reads).
 
-use foldhash::HashMap;
+use foldhash::{HashMap, HashSet};
 
 use regex::{Regex, RegexSet, RegexSetBuilder};
 use serde_json::{Map, Value};
+use smallvec::{SmallVec, smallvec};
 
 use crate::api::Operation;
 
 use super::matching::{Candidate, LabelNeed};
-use super::path::{Pointer, Query, after_token};
+use super::path::{Pointer, Query, after_token, escape};
 use super::rule::{CompiledRule, Subject};
 
 /// Rules per bitset word.
@@ -107,6 +109,9 @@ struct LabelFilter {
     /// Rules that need no label.
     free: Bits,
     keys: HashMap<String, LabelKey>,
+    /// The keys of `keys` as a JSON pointer writes them: a change to another label leaves
+    /// this facet as it was.
+    read: HashSet<Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -115,6 +120,11 @@ struct LabelKey {
     any_value: Option<Members>,
     /// Rules that need the key with this value (`matchLabels`, `In`).
     values: HashMap<String, Members>,
+}
+
+/// Map keys as a JSON pointer's token writes them.
+fn written<'k>(keys: impl Iterator<Item = &'k String>) -> HashSet<Vec<u8>> {
+    keys.map(|key| escape(key).as_bytes().to_vec()).collect()
 }
 
 /// `out` becomes a copy of `bits`, in the memory it has.
@@ -274,6 +284,8 @@ impl NameFilter {
 struct AnnotationFilter {
     free: Bits,
     keys: HashMap<String, Members>,
+    /// The keys of `keys` as a JSON pointer writes them.
+    read: HashSet<Vec<u8>>,
 }
 
 impl AnnotationFilter {
@@ -406,34 +418,87 @@ pub(crate) struct Reading<'q, 'd> {
     /// The strings each path selects (`None`: the query fails), by the path's text.
     selected: Vec<(&'q str, Option<Vec<&'d str>>)>,
     /// What a rule that changed the object touched, when one did.
-    touched: Option<Touched<'d>>,
+    touched: Option<Touched<'q, 'd>>,
 }
 
 /// The parts of the object a rule touched, as the prefilters read them.
-struct Touched<'d> {
+struct Touched<'q, 'd> {
     pointers: &'d [&'d Pointer],
-    labels: bool,
-    annotations: bool,
+    /// Whether each path (by its text) may select something else, once told.
+    paths: SmallVec<[(&'q str, bool); 4]>,
+    labels: MapTouch<'d>,
+    annotations: MapTouch<'d>,
     name: bool,
 }
 
-/// The metadata facets a change at `pointer` may have changed, read from its text (a change
-/// at, above or below a field changes it): (labels, annotations, name).
-fn metadata_touched(pointer: &Pointer) -> (bool, bool, bool) {
+/// What one change did to a metadata map (labels or annotations).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum MapChange<'p> {
+    /// Nothing in it.
+    Not,
+    /// The entry with this key (as the pointer writes it, escaped), or inside it.
+    Key(&'p [u8]),
+    /// The map itself, or what holds it.
+    Whole,
+}
+
+/// What all of a rule's changes did to a metadata map: a rule that adds a label touches one
+/// key, and only the rules that read that key are looked at again.
+#[derive(Default)]
+enum MapTouch<'d> {
+    #[default]
+    Not,
+    Keys(SmallVec<[&'d [u8]; 4]>),
+    Whole,
+}
+
+impl<'d> MapTouch<'d> {
+    fn add(&mut self, change: MapChange<'d>) {
+        match (&mut *self, change) {
+            (_, MapChange::Not) | (MapTouch::Whole, _) => {}
+            (_, MapChange::Whole) => *self = MapTouch::Whole,
+            (MapTouch::Keys(keys), MapChange::Key(key)) => keys.push(key),
+            (MapTouch::Not, MapChange::Key(key)) => *self = MapTouch::Keys(smallvec![key]),
+        }
+    }
+
+    /// True when a key of `read` (written escaped), or the whole map, was touched.
+    fn reaches(&self, read: &HashSet<Vec<u8>>) -> bool {
+        match self {
+            MapTouch::Not => false,
+            MapTouch::Keys(keys) => keys.iter().any(|key| read.contains(*key)),
+            MapTouch::Whole => true,
+        }
+    }
+}
+
+/// What a change at `pointer` may have changed of the metadata the facets read, from its
+/// text (a change at, above or below a field changes it): (labels, annotations, name).
+fn metadata_touched(pointer: &Pointer) -> (MapChange<'_>, MapChange<'_>, bool) {
     let text = pointer.as_str().as_bytes();
     let Some(rest) = after_token(text, b"/metadata") else {
         // The root, replaced whole, holds every field; any other change is outside metadata.
-        let root = text.is_empty();
-        return (root, root, root);
+        return if text.is_empty() {
+            (MapChange::Whole, MapChange::Whole, true)
+        } else {
+            (MapChange::Not, MapChange::Not, false)
+        };
     };
     let Some(rest) = rest.strip_prefix(b"/") else {
-        return (true, true, true);
+        return (MapChange::Whole, MapChange::Whole, true);
     };
     // The field's token as written: a pointer's escapes are valid, and none spells a letter.
+    let map = |name: &[u8]| match after_token(rest, name) {
+        None => MapChange::Not,
+        Some(after) => match after.strip_prefix(b"/") {
+            None => MapChange::Whole,
+            Some(entry) => MapChange::Key(entry.split(|&b| b == b'/').next().unwrap_or(entry)),
+        },
+    };
     let field = |name: &[u8]| after_token(rest, name).is_some();
     (
-        field(b"labels"),
-        field(b"annotations"),
+        map(b"labels"),
+        map(b"annotations"),
         field(b"name") || field(b"generateName"),
     )
 }
@@ -455,16 +520,18 @@ impl<'q, 'd> Reading<'q, 'd> {
         doc: &'d Value,
         touched: &'d [&'d Pointer],
     ) -> Reading<'q, 'd> {
-        let (mut labels, mut annotations, mut name) = (false, false, false);
+        let (mut labels, mut annotations, mut name) =
+            (MapTouch::default(), MapTouch::default(), false);
         for pointer in touched {
             let (l, a, n) = metadata_touched(pointer);
-            labels |= l;
-            annotations |= a;
+            labels.add(l);
+            annotations.add(a);
             name |= n;
         }
         Reading {
             touched: Some(Touched {
                 pointers: touched,
+                paths: SmallVec::new(),
                 labels,
                 annotations,
                 name,
@@ -502,12 +569,19 @@ impl<'q, 'd> Reading<'q, 'd> {
             .and_then(|(_, values)| values.as_deref())
     }
 
-    /// Whether `query` may select something else than before the change.
-    fn path_touched(&self, query: &Query) -> bool {
-        match &self.touched {
-            Some(touched) => touched.pointers.iter().any(|p| query.may_select_under(p)),
-            None => true,
+    /// Whether `query` may select something else than before the change (told once for all
+    /// the parts whose rules read the same path).
+    fn path_touched(&mut self, query: &'q Query) -> bool {
+        let Some(touched) = &mut self.touched else {
+            return true;
+        };
+        let text = query.text();
+        if let Some((_, told)) = touched.paths.iter().find(|(t, _)| *t == text) {
+            return *told;
         }
+        let told = touched.pointers.iter().any(|p| query.may_select_under(p));
+        touched.paths.push((text, told));
+        told
     }
 }
 
@@ -617,6 +691,7 @@ impl Prefilter {
         for (key, members) in label_keys.finish(len) {
             keys.entry(key).or_default().any_value = Some(members);
         }
+        let annotation_keys = annotation_keys.finish(len);
         let mut paths = Vec::new();
         for (query, list) in patterns {
             let mut members = empty();
@@ -673,6 +748,7 @@ impl Prefilter {
             namespace_selector,
             labels: LabelFilter {
                 free: label_free,
+                read: written(keys.keys()),
                 keys,
             },
             names: NameFilter {
@@ -682,7 +758,8 @@ impl Prefilter {
             },
             annotations: AnnotationFilter {
                 free: annotation_free,
-                keys: annotation_keys.finish(len),
+                read: written(annotation_keys.keys()),
+                keys: annotation_keys,
             },
             conditions: ConditionFilter {
                 free: condition_free,
@@ -719,7 +796,11 @@ impl Prefilter {
     /// it touched nothing this prefilter reads.
     pub fn refresh<'q>(&'q self, survivors: &mut Survivors, reading: &mut Reading<'q, '_>) -> bool {
         let (labels, annotations, name) = match &reading.touched {
-            Some(t) => (t.labels, t.annotations, t.name),
+            Some(t) => (
+                t.labels.reaches(&self.labels.read),
+                t.annotations.reaches(&self.annotations.read),
+                t.name,
+            ),
             None => (true, true, true),
         };
         let mut refreshed = false;

@@ -12,12 +12,12 @@ use crate::engine::index::RuleIndex;
 use crate::engine::kind::Gvk;
 use crate::engine::limits::Limits;
 use crate::engine::parse::compile_document;
-use crate::engine::path::Pointer;
+use crate::engine::path::{Pointer, escape};
 use crate::engine::rule::{CompiledRule, RanBefore, Subject};
 
 use super::{
-    Affixes, End, Keyed, Members, Prefilter, Reading, Survivors, anchored_prefix, common_affix,
-    metadata_touched,
+    Affixes, End, Keyed, MapChange, Members, Prefilter, Reading, Survivors, anchored_prefix,
+    common_affix, metadata_touched,
 };
 
 fn compiled(docs: &[Value]) -> Vec<CompiledRule> {
@@ -459,6 +459,10 @@ fn a_change_looks_again_only_where_it_touched() {
             json!({"match": {"kinds": ["Pod"]}, "conditions": [
             {"path": "$.spec.containers[*].image", "matches": "^mirror/"}]}),
         ),
+        cmr(
+            "noted",
+            json!({"match": {"kinds": ["Pod"], "annotations": {"example.com/inject": "*"}}}),
+        ),
     ]);
     let refs: Vec<&CompiledRule> = rules.iter().collect();
     let prefilter = Prefilter::new(&refs);
@@ -483,12 +487,38 @@ fn a_change_looks_again_only_where_it_touched() {
     assert!(refresh(&mut survivors, &object, &[&at("/metadata")]));
     assert_eq!(kept_by(&prefilter, &survivors, &rules), ["labelled"]);
 
+    // Another label, or an annotation no rule reads: the labels are not looked at again.
+    object["metadata"]["labels"]["team"] = json!("a");
+    object["metadata"]["annotations"] = json!({"a/b": "c"});
+    let (team, note) = (
+        at("/metadata/labels/team"),
+        at("/metadata/annotations/a~1b"),
+    );
+    assert!(!refresh(&mut survivors, &object, &[&team, &note]));
+    // The label a rule reads, among others: they are.
+    object["metadata"]["labels"]["app"] = json!("api");
+    let app = at("/metadata/labels/app");
+    assert!(refresh(&mut survivors, &object, &[&team, &app]));
+    assert!(kept_by(&prefilter, &survivors, &rules).is_empty());
+    object["metadata"]["labels"] = json!({"app": "web"});
+    assert!(refresh(&mut survivors, &object, &[&at("/metadata/labels")]));
+    assert_eq!(kept_by(&prefilter, &survivors, &rules), ["labelled"]);
+
     object["spec"]["containers"][0]["image"] = json!("mirror/nginx");
     let touched = at("/spec/containers/0/image");
     assert!(refresh(&mut survivors, &object, &[&touched]));
     assert_eq!(
         kept_by(&prefilter, &survivors, &rules),
         ["labelled", "image"]
+    );
+
+    // The annotation a rule reads, written escaped in the pointer.
+    object["metadata"]["annotations"]["example.com/inject"] = json!("yes");
+    let inject = at("/metadata/annotations/example.com~1inject");
+    assert!(refresh(&mut survivors, &object, &[&note, &inject]));
+    assert_eq!(
+        kept_by(&prefilter, &survivors, &rules),
+        ["labelled", "image", "noted"]
     );
 }
 
@@ -508,6 +538,8 @@ fn the_metadata_a_change_touches_is_read_from_its_pointer() {
         "/metadata/labels",
         "/metadata/labels/app",
         "/metadata/labels/a~1b",
+        "/metadata/labels/a~0b/c",
+        "/metadata/labels/",
         "/metadata/labelsX",
         "/metadata/annotations",
         "/metadata/annotations/example.com~1namespace",
@@ -520,20 +552,41 @@ fn the_metadata_a_change_touches_is_read_from_its_pointer() {
         "/spec/containers/0/image",
         "/",
     ];
+    // The reference for a map: the pointer at or above it, below it (the first token under
+    // it, escaped again), or beside it.
+    let map = |pointer: &Pointer, field: &str| -> MapChange<'static> {
+        let field = at(field);
+        if pointer.contains(&field) {
+            return MapChange::Whole;
+        }
+        if !field.contains(pointer) {
+            return MapChange::Not;
+        }
+        let key = pointer.tokens().nth(field.tokens().count()).map(|(t, _)| t);
+        let key = escape(&key.unwrap_or_default()).into_owned();
+        MapChange::Key(Box::leak(key.into_bytes().into_boxed_slice()))
+    };
     for p in pointers {
         let pointer = at(p);
         let want = (
-            near(&pointer, "/metadata/labels"),
-            near(&pointer, "/metadata/annotations"),
+            map(&pointer, "/metadata/labels"),
+            map(&pointer, "/metadata/annotations"),
             near(&pointer, "/metadata/name") || near(&pointer, "/metadata/generateName"),
         );
         assert_eq!(metadata_touched(&pointer), want, "{p}");
     }
     assert_eq!(
         metadata_touched(&at("/metadata/labels/app")),
-        (true, false, false)
+        (MapChange::Key(b"app"), MapChange::Not, false)
     );
-    assert_eq!(metadata_touched(&at("")), (true, true, true));
+    assert_eq!(
+        metadata_touched(&at("/metadata/annotations/example.com~1mode/x")),
+        (MapChange::Not, MapChange::Key(b"example.com~1mode"), false)
+    );
+    assert_eq!(
+        metadata_touched(&at("")),
+        (MapChange::Whole, MapChange::Whole, true)
+    );
 }
 
 #[test]
