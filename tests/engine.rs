@@ -582,6 +582,67 @@ fn mutations_patch_upsert_foreach_rewrite_and_templates() {
 }
 
 #[test]
+fn an_add_into_an_object_is_the_rfc_6902_add() {
+    // The engine sets an object's member itself (it does not hand the add to json_patch):
+    // the result must be json_patch's, on new and existing members, escaped keys, a value of
+    // another type, and inside a forEach element.
+    let ops = json!([
+        {"op": "add", "path": "/metadata/labels/team", "value": "a"},
+        {"op": "add", "path": "/metadata/labels/team", "value": {"now": ["an", "object"]}},
+        {"op": "add", "path": "/metadata/annotations/example.com~1a~0b", "value": "c"},
+        {"op": "add", "path": "/spec/priority", "value": 7}
+    ]);
+    let idx = index(vec![cmr(
+        "adds",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"patch": ops},
+            {"forEach": "$.spec.containers[*]", "mutations": [{"patch": [
+                {"op": "add", "path": "/securityContext/runAsNonRoot", "value": true},
+                {"op": "add", "path": "/image", "value": "mirror/{{ @.image }}"}
+            ]}]}
+        ]}),
+    )]);
+    let original = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "shop", "labels": {}, "annotations": {}},
+        "spec": {"containers": [{"name": "app", "image": "nginx", "securityContext": {}},
+                                {"name": "side", "image": "busybox", "securityContext": {}}]}});
+    let out = admit(&idx, &original, Some("shop"));
+
+    // The same operations by json_patch, where every parent exists.
+    let mut expected = original.clone();
+    let mut all: Vec<Value> = ops.as_array().cloned().unwrap();
+    for (i, image) in ["nginx", "busybox"].iter().enumerate() {
+        all.push(json!({"op": "add", "path": format!("/spec/containers/{i}/securityContext/runAsNonRoot"), "value": true}));
+        all.push(json!({"op": "add", "path": format!("/spec/containers/{i}/image"), "value": format!("mirror/{image}")}));
+    }
+    let patch: json_patch::Patch = serde_json::from_value(Value::Array(all)).unwrap();
+    json_patch::patch(&mut expected, &patch).unwrap();
+    let mut object = out.object.clone();
+    let provenance = object["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("initium.dev/mutated-by");
+    assert!(provenance.is_some(), "{:#}", out.object);
+    assert_eq!(object, expected);
+    assert_patch_reproduces(&original, &out);
+
+    // Where the parent is not an object or a list, the add fails as json_patch's does.
+    let idx = index(vec![cmr(
+        "into-a-string",
+        json!({"match": {"kinds": ["Pod"]}, "failurePolicy": "Fail", "mutations": [{"patch": [
+            {"op": "add", "path": "/metadata/name/x", "value": 1}
+        ]}]}),
+    )]);
+    let denial = try_admit(&idx, &original, Some("shop"), Operation::Create, None)
+        .expect_err("an add under a string is refused");
+    assert!(
+        denial.message.contains("patch[0] add /metadata/name/x"),
+        "{}",
+        denial.message
+    );
+}
+
+#[test]
 fn an_add_into_a_missing_list_creates_the_list() {
     // `-` or an index after a missing parent makes the parent a list (it used to become an
     // object `{"-": ...}`, which the API server rejects).

@@ -25,6 +25,8 @@ pub(crate) struct Patch {
 struct PatchStep {
     op: PatchOp,
     path: Pointer,
+    /// The last token of `path`, decoded (`None` for the root).
+    last: Option<String>,
     path_buf: PointerBuf,
     from: Option<PointerBuf>,
     from_pointer: Option<Pointer>,
@@ -118,8 +120,10 @@ pub(super) fn compile(ops: &[api::PatchOperation], at: &str, cx: &mut Compiler) 
             let from = from_pointer
                 .as_ref()
                 .and_then(|f| PointerBuf::parse(f.as_str()).ok());
+            let last = path.tokens().last().map(|(token, _)| token.into_owned());
             steps.push(PatchStep {
                 op: op.op,
+                last,
                 path,
                 path_buf,
                 from,
@@ -239,13 +243,23 @@ impl PatchStep {
             && let Some(parent) = self.path.parent()
         {
             let in_list = self.path.names_list_slot();
-            parent.get_or_create(target, || {
+            let container = parent.get_or_create(target, || {
                 if in_list {
                     Value::Array(Vec::new())
                 } else {
                     Value::Object(Default::default())
                 }
             })?;
+            // An add into an object sets the member (RFC 6902 4.1), as `json_patch` would; done
+            // here, where the parent is in hand, rather than by parsing and walking the path
+            // again from the root (a third of a small rule's time). Lists and every other op
+            // go through `json_patch`, with its errors.
+            if let (PatchOp::Add, Value::Object(map), Some(last)) =
+                (self.op, &mut *container, &self.last)
+            {
+                map.insert(last.clone(), value);
+                return Ok(());
+            }
         }
         let path = self.path_buf.clone();
         let from = || self.from.clone().unwrap_or_default();
