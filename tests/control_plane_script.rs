@@ -216,6 +216,53 @@ fn up_serves_kubernetes_and_down_stops_everything() {
 }
 
 #[test]
+fn up_refuses_a_full_file_system_with_a_sentence_and_starts_nothing() {
+    // A full disk used to show up as an etcd panic ("failed to create WAL: no
+    // space left on device") deep in the log. Pretend the disk is full by
+    // asking for more free space than any disk has.
+    build();
+    let plane = PlaneDir::new("full");
+    let dir = plane.path().join("nested");
+    let output = script()
+        .arg("up")
+        .arg("--dir")
+        .arg(&dir)
+        .env("INITIUM_PLANE_MIN_FREE_MIB", "999999999999")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "up started anyway:\n{stderr}");
+    assert!(
+        stderr.contains("MiB are free on the file system of")
+            && stderr.contains("needs at least 999999999999 MiB")
+            && stderr.contains("free some space there, or choose another --dir"),
+        "up says what is wrong and what to do:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("starting etcd"),
+        "nothing starts:\n{stderr}"
+    );
+    assert!(!dir.exists(), "up leaves no directory behind");
+
+    let output = script()
+        .arg("up")
+        .arg("--dir")
+        .arg(&dir)
+        .env("INITIUM_PLANE_MIN_FREE_MIB", "lots")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "up accepted a bad setting:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("INITIUM_PLANE_MIN_FREE_MIB is a number of MiB, not 'lots'"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn owner_pid_takes_the_plane_down_when_the_owner_exits() {
     let _serial = serial_blocking();
     build();
