@@ -670,7 +670,8 @@ fn check_refuses_templates_where_they_cannot_work_and_function_calls_that_cannot
 
 #[test]
 fn explain_says_per_rule_what_it_did_or_which_field_ruled_the_object_out() {
-    let dir = std::env::temp_dir().join(format!("initium-explain-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("initium-explain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let rules = dir.join("rules.yaml");
     std::fs::write(

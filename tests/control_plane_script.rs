@@ -221,12 +221,16 @@ fn up_refuses_a_full_file_system_with_a_sentence_and_starts_nothing() {
     // space left on device") deep in the log. Pretend the disk is full by
     // asking for more free space than any disk has.
     build();
+    // The directory does not exist yet: the space is asked of its closest parent. Should up
+    // start anyway, the plane is downed on drop and dies with this process.
     let plane = PlaneDir::new("full");
-    let dir = plane.path().join("nested");
+    let dir = plane.path();
     let output = script()
         .arg("up")
         .arg("--dir")
-        .arg(&dir)
+        .arg(dir)
+        .arg("--owner-pid")
+        .arg(std::process::id().to_string())
         .env("INITIUM_PLANE_MIN_FREE_MIB", "999999999999")
         .output()
         .unwrap();
@@ -247,7 +251,9 @@ fn up_refuses_a_full_file_system_with_a_sentence_and_starts_nothing() {
     let output = script()
         .arg("up")
         .arg("--dir")
-        .arg(&dir)
+        .arg(dir)
+        .arg("--owner-pid")
+        .arg(std::process::id().to_string())
         .env("INITIUM_PLANE_MIN_FREE_MIB", "lots")
         .output()
         .unwrap();

@@ -111,7 +111,8 @@ impl Initium {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = std::fs::File::create(
-            std::env::temp_dir().join(format!("{webhook_name}-{webhook_port}.log")),
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("{webhook_name}-{webhook_port}.log")),
         )
         .expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_initium"))
@@ -324,7 +325,8 @@ fn serve_fails(kubeconfig: &std::path::Path, namespace: &str) -> String {
 fn kubeconfig_variant(name: &str, edit: impl Fn(&str) -> String) -> std::path::PathBuf {
     let text = std::fs::read_to_string(support::kubeconfig_path()).expect("kubeconfig");
     let edited: Vec<String> = text.lines().map(edit).collect();
-    let path = std::env::temp_dir().join(format!("{}.kubeconfig", unique(name)));
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{}.kubeconfig", unique(name)));
     std::fs::write(&path, edited.join("\n") + "\n").expect("write kubeconfig");
     path
 }
@@ -1034,7 +1036,8 @@ fn serve_with_port_taken(flag: &str, own: &str, name: &str) -> (TakenPort, Strin
         _ => (free_port(), taken),
     };
     let listen = format!("127.0.0.1:{webhook_port}");
-    let stderr_path = std::env::temp_dir().join(format!("{name}-{taken}.stderr"));
+    let stderr_path =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{taken}.stderr"));
     let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
     let mut child = Command::new(env!("CARGO_BIN_EXE_initium"))
         .args(["serve", "--listen", &listen, "--webhook-url"])
@@ -1300,7 +1303,8 @@ fn explain_cluster_reads_the_rules_and_namespace_labels_of_the_cluster() {
             (Some("True"), Some("False")),
         )
     });
-    let file = std::env::temp_dir().join(format!("{}.yaml", unique("explain-pod")));
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{}.yaml", unique("explain-pod")));
     std::fs::write(&file, pod_yaml(&team, "web")).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_initium"))
         .args(["explain", "--cluster", "-f"])
