@@ -80,6 +80,20 @@ pub fn describe_watch(error: &watcher::Error) -> String {
     }
 }
 
+/// The API server expired the watch's resourceVersion (410 Gone, reason `Expired`): the watch
+/// protocol's normal way of saying "list again", which the watch does by itself. Every
+/// Kubernetes client meets it (after a long disconnection, or when a new kind's watch cache
+/// starts ahead of the list); it is not a failure, and nothing is lost.
+pub fn is_expired(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::WatchError(status) => status.code == 410,
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 410,
+        _ => false,
+    }
+}
+
 /// The deepest cause's text: for a connection failure, the operating system's reason
 /// (`Connection refused (os error 111)`), not the layers of HTTP client around it.
 fn innermost(error: &(dyn std::error::Error + 'static)) -> String {
@@ -103,6 +117,12 @@ pub(crate) fn sentence(error: &(dyn std::error::Error + 'static)) -> Option<Stri
     }
     if let Some(e) = error.downcast_ref::<watcher::Error>() {
         return Some(describe_watch(e));
+    }
+    // The Lease library's wrapper only prefixes kube's `Display` with "Kube error: ".
+    if let Some(kube_lease_manager::LeaseManagerError::KubeError(e)) =
+        error.downcast_ref::<kube_lease_manager::LeaseManagerError>()
+    {
+        return Some(describe(e));
     }
     None
 }
@@ -156,6 +176,57 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("ApiError"), "{text}");
+    }
+
+    #[test]
+    fn an_expired_resource_version_is_the_watch_protocol_not_a_failure() {
+        let status = |code, reason: &str, message: &str| {
+            let mut status = Status::failure(message, reason);
+            status.code = code;
+            Box::new(status)
+        };
+        let expired = [
+            watcher::Error::WatchError(status(
+                410,
+                "Expired",
+                "too old resource version: 211 (212)",
+            )),
+            watcher::Error::InitialListFailed(api(
+                410,
+                "Expired",
+                "The provided continue parameter is too old",
+            )),
+            watcher::Error::WatchStartFailed(api(410, "Gone", "too old resource version")),
+        ];
+        for error in &expired {
+            assert!(is_expired(error), "{}", describe_watch(error));
+        }
+        let failures = [
+            watcher::Error::WatchError(status(500, "InternalError", "etcd is down")),
+            watcher::Error::WatchStartFailed(api(403, "Forbidden", "pods is forbidden")),
+            watcher::Error::WatchFailed(api(404, "NotFound", "the server could not find it")),
+            watcher::Error::NoResourceVersion,
+        ];
+        for error in &failures {
+            assert!(!is_expired(error), "{}", describe_watch(error));
+        }
+    }
+
+    #[test]
+    fn a_lease_error_is_the_sentence_of_the_kube_error_it_wraps() {
+        let error = kube_lease_manager::LeaseManagerError::KubeError(api(
+            409,
+            "Conflict",
+            "Operation cannot be fulfilled on leases.coordination.k8s.io \"initium\"",
+        ));
+        let text = crate::report(&error);
+        assert_eq!(
+            text,
+            "the API server answered: Operation cannot be fulfilled on \
+             leases.coordination.k8s.io \"initium\" (409 Conflict). Someone else wrote the same \
+             object at the same time; initium retries."
+        );
+        assert!(!text.contains("Kube error"), "{text}");
     }
 
     #[test]

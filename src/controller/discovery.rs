@@ -301,7 +301,7 @@ impl Duty for Discovery {
                     }
                     Some(Ok(_)) => {}
                     // The watch retries with its own backoff.
-                    Some(Err(e)) => context.failed("watching CustomResourceDefinitions failed; retrying", &crate::report(&e)),
+                    Some(Err(e)) => context.watch_failed("watching CustomResourceDefinitions failed; retrying", &e),
                     None => return Ok(()),
                 },
                 () = tokio::time::sleep_until(next) => {

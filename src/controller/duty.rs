@@ -66,6 +66,23 @@ impl Context {
         self.failures.count();
         tracing::warn!(duty = self.failures.duty, error = %error, "{what}");
     }
+
+    /// A watch's error, which the watch retries by itself: [`Context::failed`] with `what`,
+    /// except an expired resourceVersion (410), which is the watch protocol asking for a new
+    /// list. That is logged at info and not counted: in a large cluster it happens every few
+    /// minutes, and counting it would keep `InitiumDutyFailing` firing on a healthy replica.
+    pub(crate) fn watch_failed(&self, what: &str, error: &kube::runtime::watcher::Error) {
+        if crate::kube_errors::is_expired(error) {
+            tracing::info!(
+                duty = self.failures.duty,
+                detail = %crate::report(error),
+                "a watch's resourceVersion expired (410); listing again, as every Kubernetes \
+                 client does"
+            );
+        } else {
+            self.failed(what, &crate::report(error));
+        }
+    }
 }
 
 /// The failure counter of one duty.
@@ -289,6 +306,21 @@ mod tests {
         backoff.succeeded();
         assert_eq!(backoff.failed("failed", &"boom"), ms(500));
         assert_eq!(metrics.duty_failures("test").get(), 7);
+    }
+
+    #[test]
+    fn an_expired_watch_is_not_counted_as_a_failure_and_other_watch_errors_are() {
+        let metrics = Metrics::default();
+        let (_stop, context) = context(&metrics);
+        let watch_error = |code, reason: &str| {
+            let mut status = kube::core::Status::failure("watch ended", reason);
+            status.code = code;
+            kube::runtime::watcher::Error::WatchError(Box::new(status))
+        };
+        context.watch_failed("watching things failed", &watch_error(410, "Expired"));
+        assert_eq!(metrics.duty_failures("test").get(), 0);
+        context.watch_failed("watching things failed", &watch_error(500, "InternalError"));
+        assert_eq!(metrics.duty_failures("test").get(), 1);
     }
 
     #[test]

@@ -224,7 +224,7 @@ async fn watch_target(
                 let what = format!(
                     "watching {target} for a lookup failed (if it is Forbidden, grant initium get, list and watch on configmaps); rules that read it keep the last value seen, or fail until it is read; retrying with backoff"
                 );
-                context.failed(&what, &crate::report(&e));
+                context.watch_failed(&what, &e);
                 continue;
             }
         };

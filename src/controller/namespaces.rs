@@ -107,10 +107,8 @@ impl Duty for Namespaces {
                         changed |= labels.apply(event);
                     }
                     // The watch retries with its own backoff.
-                    Some(Err(e)) => context.failed(
-                        "watching Namespaces failed; retrying with backoff",
-                        &crate::report(&e),
-                    ),
+                    Some(Err(e)) => context
+                        .watch_failed("watching Namespaces failed; retrying with backoff", &e),
                     None => {
                         return Err(ControllerError::Task {
                             task: Self::NAME,

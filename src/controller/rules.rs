@@ -492,7 +492,7 @@ fn watch_failed(context: &Context, input: &Input) {
             Scope::Cluster => "watching ClusterMutationRules failed; retrying with backoff",
             Scope::Namespaced => "watching MutationRules failed; retrying with backoff",
         };
-        context.failed(what, &crate::report(e));
+        context.watch_failed(what, e);
     }
 }
 
@@ -661,10 +661,7 @@ impl Duty for Rules {
                             let now = Instant::now();
                             relists.extend(RELIST_AFTER_CRD_CHANGE.iter().map(|d| now + *d));
                         }
-                        Some(Err(e)) => context.failed(
-                            "watching CustomResourceDefinitions failed; retrying with backoff",
-                            &crate::report(&e),
-                        ),
+                        Some(Err(e)) => context.watch_failed("watching CustomResourceDefinitions failed; retrying with backoff", &e),
                         _ => {}
                     }
                     continue;

@@ -3,9 +3,50 @@
 use super::args::LogFormat;
 use crate::escape_controls;
 
+/// The Kubernetes client's own log, off unless `RUST_LOG` names it. initium reports every
+/// error the client returns to it as a sentence (`crate::kube_errors`); the client's log says
+/// the same things again as `Debug` dumps of hyper's errors (`eof in poll: Custom { kind:
+/// UnexpectedEof, error: Service(hyper::Error(Body, ...` whenever the API server restarts).
+const KUBE_CLIENT_OFF: &str = "kube_client=off,kube_runtime=off";
+
+/// The filter for `RUST_LOG` (`None`: unset): its directives, or `info`, with the Kubernetes
+/// client's own log off unless they name it (`RUST_LOG=info,kube_client=debug` turns it on).
+fn directives(rust_log: Option<&str>) -> String {
+    let given = rust_log.map(str::trim).filter(|s| !s.is_empty());
+    let base = given.unwrap_or("info");
+    if base.split(',').any(names_kube_client) {
+        base.to_string()
+    } else {
+        format!("{base},{KUBE_CLIENT_OFF}")
+    }
+}
+
+/// The directive (`target[span]=level`, or a bare level) applies to the client's own log: its
+/// target is a prefix of the client's crates (`kube`, `kube_client`) or inside them
+/// (`kube_client::client`).
+fn names_kube_client(directive: &str) -> bool {
+    let target = directive
+        .split(['=', '['])
+        .next()
+        .unwrap_or_default()
+        .trim();
+    let crates = ["kube_client", "kube_runtime"];
+    !target.is_empty()
+        && crates
+            .iter()
+            .any(|c| c.starts_with(target) || target.starts_with(&format!("{c}::")))
+}
+
 pub(super) fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let (filter, refused) =
+        match tracing_subscriber::EnvFilter::try_new(directives(rust_log.as_deref())) {
+            Ok(filter) => (filter, None),
+            Err(e) => (
+                tracing_subscriber::EnvFilter::new(directives(None)),
+                Some(e.to_string()),
+            ),
+        };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -13,6 +54,14 @@ pub(super) fn init_logging(format: LogFormat) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.fmt_fields(text_fields()).try_init(),
     };
+    if let Some(error) = refused {
+        tracing::warn!(
+            rust_log = rust_log.as_deref().unwrap_or_default(),
+            error = %error,
+            "RUST_LOG could not be read, so initium logs at info; write it as a level (info, \
+             debug) or as target=level pairs separated by commas (info,initium=debug)"
+        );
+    }
 }
 
 /// Field formatting of the text log: as tracing-subscriber's default, except that control
@@ -35,6 +84,73 @@ pub fn text_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> +
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kube_clients_own_log_is_off_unless_rust_log_names_it() {
+        assert_eq!(directives(None), "info,kube_client=off,kube_runtime=off");
+        assert_eq!(
+            directives(Some(" ")),
+            "info,kube_client=off,kube_runtime=off"
+        );
+        assert_eq!(
+            directives(Some("debug")),
+            "debug,kube_client=off,kube_runtime=off"
+        );
+        assert_eq!(
+            directives(Some("info,initium=debug")),
+            "info,initium=debug,kube_client=off,kube_runtime=off"
+        );
+        assert_eq!(
+            directives(Some("info,kube_client=debug")),
+            "info,kube_client=debug"
+        );
+        assert_eq!(
+            directives(Some("initium=debug,kube=info")),
+            "initium=debug,kube=info"
+        );
+        assert_eq!(
+            directives(Some("warn,kube_runtime::watcher=debug")),
+            "warn,kube_runtime::watcher=debug"
+        );
+        // Naming one of initium's own modules is not naming the client.
+        assert_eq!(
+            directives(Some("info,initium::kube_errors=debug")),
+            "info,initium::kube_errors=debug,kube_client=off,kube_runtime=off"
+        );
+        assert_eq!(
+            directives(Some("info,")),
+            "info,,kube_client=off,kube_runtime=off"
+        );
+        assert_eq!(
+            directives(Some("kubelet=debug")),
+            "kubelet=debug,kube_client=off,kube_runtime=off"
+        );
+        for given in [None, Some("debug"), Some("info,kube_runtime=trace")] {
+            assert!(
+                tracing_subscriber::EnvFilter::try_new(directives(given)).is_ok(),
+                "{given:?}"
+            );
+        }
+
+        // What the filter lets through: initium's warning, not the client's dump of the same.
+        let written = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let sink = written.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::new(directives(Some("info"))))
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "kube_client::client", "eof in poll: Custom {{ kind: UnexpectedEof }}");
+            tracing::error!(target: "kube_client::client::builder", "failed with error client error (Connect)");
+            tracing::warn!(target: "kube_runtime::watcher", "watcher error 403: Api(Status {{ }})");
+            tracing::warn!(target: "initium::controller::duty", "watching Namespaces failed");
+        });
+        let text = String::from_utf8(written.lock().map(|w| w.clone()).unwrap_or_default())
+            .expect("UTF-8");
+        assert!(text.contains("watching Namespaces failed"), "{text}");
+        assert_eq!(text.trim_end().lines().count(), 1, "{text}");
+    }
 
     #[test]
     fn text_logs_escape_control_characters_from_untrusted_text() {

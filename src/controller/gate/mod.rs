@@ -230,10 +230,8 @@ impl Duty for Gates {
                 let event = match event {
                     Some(Ok(event)) => event,
                     Some(Err(e)) => {
-                        context.failed(
-                            "watching gated Pods failed; retrying with backoff",
-                            &crate::report(&e),
-                        );
+                        context
+                            .watch_failed("watching gated Pods failed; retrying with backoff", &e);
                         continue;
                     }
                     None => {

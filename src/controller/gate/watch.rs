@@ -260,7 +260,7 @@ async fn forward<K, S>(
                      get, list and watch on it); Pods waiting on it keep waiting until their \
                      timeout; retrying with backoff"
                 );
-                context.failed(&what, &crate::report(&e));
+                context.watch_failed(&what, &e);
                 continue;
             }
         };
