@@ -520,6 +520,28 @@ async fn rules_changed_around_api_server_and_etcd_restarts_all_take_effect() {
         initium.log.display()
     );
     assert_eq!(initium.get("/readyz").expect("GET /readyz").0, 200);
+
+    // What an operator reads (the log at warn): initium's sentences only. The watches that
+    // resumed from a resourceVersion older than the restarted API server's cache got 410
+    // Expired, which is the watch protocol's "list again", not a warning; and the Kubernetes
+    // client's own log (Debug dumps of hyper's errors, "eof in poll: Custom { kind: ...") is
+    // not in it.
+    let log = std::fs::read_to_string(&initium.log).expect("read initium's log");
+    for line in log.lines() {
+        assert!(
+            !line.contains("\"target\":\"kube_client")
+                && !line.contains("\"target\":\"kube_runtime"),
+            "the client's own log is off by default: {line}"
+        );
+        assert!(
+            !line.contains("(410 "),
+            "an expired watch is not a warning: {line}"
+        );
+    }
+    assert!(
+        log.contains("cannot reach the API server"),
+        "while it was down, initium said so:\n{log}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
