@@ -1252,6 +1252,94 @@ async fn hostile_rules_through_serve_leave_initium_alive_and_others_served() {
     );
 }
 
+/// Valid rules of a tenant with many Unicode regular expressions, each within its share,
+/// leave initium within the Deployment's 256 MiB. With the `regex` crate's `Regex`, each
+/// `^(\w+)/(\w+):(\w+)$` also held a one-pass DFA of about 1 MiB that no limit covered:
+/// these 12 rules of 16 such expressions would have held over 200 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_rules_full_of_unicode_regexes_stay_within_initiums_memory_limit() {
+    let _serial = serial().await;
+    let name = support::unique("f-regexes");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let tenant = support::namespace(&client, "tenant").await;
+    let mut initium = start(&name, &own, "one").await;
+    let before = initium.memory().expect("initium's memory");
+
+    const RULES: usize = 12;
+    const REGEXES: usize = 16;
+    let names: Vec<String> = (0..RULES).map(|i| format!("images-{i}")).collect();
+    for (i, rule) in names.iter().enumerate() {
+        // Each rewrite matches nothing a Pod has but the last, which sets a label from the
+        // Pod's name: the rule is compiled, Ready and applied.
+        let mut mutations: Vec<Value> = (0..REGEXES - 1)
+            .map(|j| {
+                json!({"rewrite": {
+                    "path": "/metadata/name",
+                    "regex": format!("^(\\w+)/(\\w+):(\\w+)-{i}-{j}$"),
+                    "replacement": "$1",
+                }})
+            })
+            .collect();
+        mutations.push(json!({"merge": {"metadata": {"labels": {format!("rule-{i}"): "seen"}}}}));
+        mutations.push(json!({"rewrite": {
+            "path": format!("/metadata/labels/rule-{i}"),
+            "regex": "^(\\w+)$",
+            "replacement": "${1}-by-regex",
+        }}));
+        apply_rule(
+            &client,
+            &tenant,
+            rule,
+            &json!({"match": {"kinds": ["Pod"]}, "mutations": mutations}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{rule}: {e}"));
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_statuses(&client, &tenant, &names, Duration::from_secs(120)).await;
+    eventually(
+        "a tenant Pod mutated by every rule",
+        Duration::from_secs(60),
+        || async {
+            let labels = dry_run_labels(&client, &tenant).await?;
+            let seen = with_prefix(&labels, "rule-");
+            if seen.len() == RULES && seen.values().all(|v| v == "seen-by-regex") {
+                Ok(())
+            } else {
+                Err(format!("{seen:?}"))
+            }
+        },
+    )
+    .await;
+
+    assert!(
+        initium.running(),
+        "serve died; see {}",
+        initium.log.display()
+    );
+    let memory = initium.memory().expect("initium's memory");
+    eprintln!(
+        "faults: {RULES} rules of {REGEXES} Unicode regexes: initium RSS {:.1} MiB before, {:.1} MiB after, peak {:.1} MiB",
+        mib(before.rss_kib),
+        mib(memory.rss_kib),
+        mib(memory.peak_kib)
+    );
+    assert!(
+        memory.peak_kib < 256 * 1024,
+        "peak RSS {} KiB is over the Deployment's 256 MiB limit",
+        memory.peak_kib
+    );
+    // What the rules hold: their automata (about 170 KiB an expression), not a one-pass DFA
+    // each (about 1 MiB an expression).
+    let held = memory.rss_kib.saturating_sub(before.rss_kib);
+    assert!(
+        held < ((RULES * REGEXES) as u64) * 512,
+        "the rules hold {held} KiB"
+    );
+}
+
 /// Hostile clients of the webhook port (`tests/data/attack-webhook.py`: 200 connections that
 /// stall inside 7 MiB bodies, 5,000 reviews of distinct kinds, 20 concurrent `/validate`
 /// posts of a rule with 1,000 large regexes) leave `serve` within the Deployment's 256 MiB,

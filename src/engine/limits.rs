@@ -19,7 +19,9 @@
 
 use std::time::Instant;
 
-use regex::Regex;
+use std::sync::Arc;
+
+use regex_automata::meta;
 use serde_json::Value;
 
 use super::error::ApplyError;
@@ -319,7 +321,7 @@ pub(crate) fn check_depth(depth: usize, at_depth: usize) -> Result<(), Stop> {
 /// `once`: every match of the regex starts at the start of the text ([`starts_anchored`]), so
 /// there is at most one, and no search for another after it.
 pub(crate) fn replace_all(
-    regex: &Regex,
+    regex: &RuleRegex,
     once: bool,
     text: &str,
     replacement: &str,
@@ -340,7 +342,7 @@ pub(crate) fn replace_all(
         Ok(())
     };
     if references == 0 {
-        for (n, m) in regex.find_iter(text).enumerate() {
+        for (n, m) in regex.regex.find_iter(text).enumerate() {
             check(meter, &out, last, m.start(), m.end())?;
             out.push_str(&text[last..m.start()]);
             out.push_str(replacement);
@@ -354,13 +356,13 @@ pub(crate) fn replace_all(
             }
         }
     } else {
-        for (n, caps) in regex.captures_iter(text).enumerate() {
-            let Some(whole) = caps.get(0) else {
+        for (n, caps) in regex.regex.captures_iter(text).enumerate() {
+            let Some(whole) = caps.get_match() else {
                 continue;
             };
             check(meter, &out, last, whole.start(), whole.end())?;
             out.push_str(&text[last..whole.start()]);
-            caps.expand(replacement, &mut out);
+            caps.interpolate_string_into(text, replacement, &mut out);
             last = whole.end();
             matched = true;
             if once {
@@ -389,35 +391,82 @@ pub fn starts_anchored(pattern: &str) -> bool {
     })
 }
 
+/// A rule's compiled regular expression: the meta engine the `regex` crate is built on,
+/// configured so that what it holds stays within the rule's share.
+///
+/// The `regex` crate's own `Regex` also builds a one-pass DFA of up to 1 MiB per expression,
+/// which its `size_limit` does not bound: 393 KiB for `^(\w+)$` and 1.1 MiB for
+/// `^(\w+)/(\w+):(\w+)$` (BENCHMARKS.md, "Memory of rule regular expressions"), so 50 rules
+/// of 16 such expressions, each within its share, took 1.1 GB. Here that DFA and the full DFA
+/// are off: matches with groups run on the bounded backtracker or the PikeVM, as they already
+/// did for every pattern that is not one-pass; searches without groups keep the lazy DFA,
+/// whose cache is held to the share.
+#[derive(Clone, Debug)]
+pub struct RuleRegex {
+    regex: meta::Regex,
+    pattern: Arc<str>,
+}
+
+impl RuleRegex {
+    /// The pattern as the rule wrote it.
+    pub fn as_str(&self) -> &str {
+        &self.pattern
+    }
+
+    /// Some part of `text` matches.
+    pub fn is_match(&self, text: &str) -> bool {
+        self.regex.is_match(text)
+    }
+
+    /// Bytes the compiled expression holds (not counting the caches of searches).
+    #[cfg(test)]
+    pub fn memory_usage(&self) -> usize {
+        self.regex.memory_usage()
+    }
+}
+
 /// Compiles a rule's regular expression within `size_limit` bytes (its share of what all the
 /// rule's regular expressions may use, see [`regex_share`]), so a rule cannot make initium
-/// allocate without limit or spend seconds compiling.
-pub fn compile_regex(pattern: &str, size_limit: usize) -> Result<Regex, RegexError> {
-    regex::RegexBuilder::new(pattern)
-        .size_limit(size_limit)
-        .dfa_size_limit(size_limit)
-        .build()
+/// allocate without limit or spend seconds compiling. The syntax is the `regex` crate's.
+pub fn compile_regex(pattern: &str, size_limit: usize) -> Result<RuleRegex, RegexError> {
+    let config = meta::Config::new()
+        .nfa_size_limit(Some(size_limit))
+        .hybrid_cache_capacity(size_limit)
+        .onepass(false)
+        .dfa(false);
+    meta::Builder::new()
+        .configure(config)
+        .build(pattern)
+        .map(|regex| RuleRegex {
+            regex,
+            pattern: pattern.into(),
+        })
         .map_err(|source| {
             let pattern = pattern.to_string();
-            match &source {
+            let source = Box::new(source);
+            if let Some(syntax) = source.syntax_error() {
                 // The syntax error's Display draws the pattern with a caret over several
                 // lines; its last line says what is wrong.
-                regex::Error::Syntax(text) => RegexError::Syntax {
+                let text = syntax.to_string();
+                let problem = text
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+                    .trim_start_matches("error: ")
+                    .to_string();
+                RegexError::Syntax {
                     pattern,
-                    problem: text
-                        .lines()
-                        .last()
-                        .unwrap_or_default()
-                        .trim_start_matches("error: ")
-                        .to_string(),
+                    problem,
                     source,
-                },
-                regex::Error::CompiledTooBig(_) => RegexError::TooBig {
+                }
+            } else if source.size_limit().is_some() {
+                RegexError::TooBig {
                     pattern,
                     size_limit,
                     source,
-                },
-                _ => RegexError::Other { pattern, source },
+                }
+            } else {
+                RegexError::Other { pattern, source }
             }
         })
 }
@@ -435,7 +484,7 @@ pub enum RegexError {
         pattern: String,
         problem: String,
         #[source]
-        source: regex::Error,
+        source: Box<meta::BuildError>,
     },
     #[error(
         "regular expression {pattern:?} is too large once compiled (over {}; a rule's regular expressions share {}): simplify it, for example [a-zA-Z0-9_] instead of \\w, which matches every Unicode letter and digit, or fewer repetitions",
@@ -446,13 +495,13 @@ pub enum RegexError {
         pattern: String,
         size_limit: usize,
         #[source]
-        source: regex::Error,
+        source: Box<meta::BuildError>,
     },
     #[error("invalid regular expression {pattern:?}: {source}")]
     Other {
         pattern: String,
         #[source]
-        source: regex::Error,
+        source: Box<meta::BuildError>,
     },
 }
 
@@ -515,7 +564,8 @@ mod tests {
             ("\\ba", false),
         ] {
             assert_eq!(starts_anchored(pattern), anchored, "{pattern}");
-            let regex = Regex::new(pattern).unwrap();
+            let regex = compile_regex(pattern, MAX_REGEX_BYTES).unwrap();
+            let reference = regex::Regex::new(pattern).unwrap();
             for text in [
                 "",
                 "a",
@@ -526,19 +576,50 @@ mod tests {
                 "shop/app",
                 "x\na",
             ] {
-                for replacement in ["", "<$0>", "z"] {
+                assert_eq!(
+                    regex.is_match(text),
+                    reference.is_match(text),
+                    "{pattern} on {text:?}"
+                );
+                for replacement in ["", "<$0>", "z", "$1", "${1}x", "$$", "$name"] {
                     let limits = Limits::default();
                     let mut meter = Meter::new(&limits, None);
                     let once =
                         replace_all(&regex, anchored, text, replacement, &mut meter).unwrap();
                     let all = replace_all(&regex, false, text, replacement, &mut meter).unwrap();
                     assert_eq!(once, all, "{pattern} on {text:?} with {replacement:?}");
-                    let expected = regex.replace_all(text, replacement);
+                    let expected = reference.replace_all(text, replacement);
                     assert_eq!(
                         all.as_deref().unwrap_or(text),
                         expected,
                         "{pattern} on {text:?} with {replacement:?}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_rule_regex_holds_its_automata_and_no_one_pass_dfa() {
+        // With the `regex` crate's one-pass DFA this pattern held 1.1 MiB (BENCHMARKS.md,
+        // "Memory of rule regular expressions"); its automata alone are 170 KiB.
+        let image = compile_regex("^(\\w+)/(\\w+):(\\w+)$", MAX_REGEX_BYTES).unwrap();
+        assert!(image.memory_usage() < 256 << 10, "{}", image.memory_usage());
+        // Whatever compiles holds at most its forward and reverse automata, each within the
+        // share.
+        for pattern in ["\\w{20}", "(\\w+\\s+){10}", "^docker\\.io/(.*)$", "[a-z]+"] {
+            for share in [
+                MAX_REGEX_BYTES,
+                regex_share(4),
+                regex_share(MAX_RULE_REGEXES),
+            ] {
+                if let Ok(regex) = compile_regex(pattern, share) {
+                    assert!(
+                        regex.memory_usage() <= 2 * share + (4 << 10),
+                        "{pattern} within {share}: {}",
+                        regex.memory_usage()
+                    );
+                    assert_eq!(regex.as_str(), pattern);
                 }
             }
         }
@@ -578,7 +659,7 @@ mod tests {
             error.to_string(),
             "invalid regular expression \"a(b\": unclosed group"
         );
-        let source = std::error::Error::source(&error).map(|s| s.is::<regex::Error>());
+        let source = std::error::Error::source(&error).map(|s| s.is::<Box<meta::BuildError>>());
         assert_eq!(source, Some(true));
         let big = compile_regex("\\w{100}", 1 << 10).unwrap_err().to_string();
         assert_eq!(

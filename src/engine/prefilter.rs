@@ -11,7 +11,9 @@
 
 use foldhash::{HashMap, HashSet};
 
-use regex::{Regex, RegexSet, RegexSetBuilder};
+use regex::{RegexSet, RegexSetBuilder};
+
+use crate::engine::limits::RuleRegex;
 use serde_json::{Map, Value};
 use smallvec::{SmallVec, smallvec};
 
@@ -620,7 +622,7 @@ impl Prefilter {
         let (mut prefixes, mut suffixes, mut annotation_keys) =
             (Keyed::default(), Keyed::default(), Keyed::default());
         // Patterns by path text: (the query, (regex, offset)...).
-        let mut patterns: Vec<(&Query, Vec<(&Regex, u32)>)> = Vec::new();
+        let mut patterns: Vec<(&Query, Vec<(&RuleRegex, u32)>)> = Vec::new();
         let mut path_of: HashMap<&str, usize> = HashMap::default();
 
         for (offset, rule) in rules.iter().enumerate() {

@@ -8,7 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use regex::Regex;
+use crate::engine::limits::RuleRegex;
 use serde_json::Value;
 
 use crate::api::{self, FailurePolicy, GATED_LABEL, Mode, Operation, RuleSpec};
@@ -247,7 +247,7 @@ impl CompiledRule {
 
     /// A `matches` condition that rules the object out by itself (for the index's prefilter,
     /// see `Conditions::first_regex`).
-    pub(crate) fn first_regex(&self) -> Option<(&Query, &Regex)> {
+    pub(crate) fn first_regex(&self) -> Option<(&Query, &RuleRegex)> {
         self.conditions.first_regex()
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use regex::Regex;
+use crate::engine::limits::RuleRegex;
 use serde_json::Value;
 
 use crate::api::{self, exactly_one_of_message};
@@ -16,7 +16,7 @@ use super::MatchError;
 
 #[derive(Clone, Debug)]
 enum Test {
-    Matches(Regex),
+    Matches(RuleRegex),
     Equals(Value),
     Exists(bool),
     /// A query over the object: the condition holds when a value its path selects equals one
@@ -176,7 +176,7 @@ impl Conditions {
     /// path selects matches, for the index's prefilter: the first one, provided nothing that
     /// runs before it can fail instead (the `in` queries, looked up first, and the conditions
     /// before it), so that "does not hold" is what the rule would say too.
-    pub(crate) fn first_regex(&self) -> Option<(&Query, &Regex)> {
+    pub(crate) fn first_regex(&self) -> Option<(&Query, &RuleRegex)> {
         let in_queries_cannot_fail = self.0.iter().all(|c| match &c.test {
             Test::In(query) => query.cannot_fail(),
             _ => true,

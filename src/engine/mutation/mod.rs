@@ -27,7 +27,7 @@ mod remove;
 mod rewrite;
 mod upsert;
 
-use regex::Regex;
+use crate::engine::limits::RuleRegex;
 use serde_json::Value;
 
 use crate::api::{self, MutationKind, exactly_one_of_message};
@@ -257,7 +257,7 @@ impl Compiler<'_> {
         false
     }
 
-    pub fn regex(&mut self, pattern: &str, field: &str) -> Option<Regex> {
+    pub fn regex(&mut self, pattern: &str, field: &str) -> Option<RuleRegex> {
         compile_regex(pattern, self.regex_limit)
             .map_err(|e| self.push(field, e))
             .ok()

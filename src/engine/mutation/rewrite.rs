@@ -1,6 +1,6 @@
 //! `rewrite`: a regular-expression rewrite of a string field; a missing field is left alone.
 
-use regex::Regex;
+use crate::engine::limits::RuleRegex;
 use serde_json::Value;
 
 use crate::api;
@@ -13,7 +13,7 @@ use super::{Compiler, MutationError, Site};
 #[derive(Clone, Debug)]
 pub(crate) struct Rewrite {
     path: Pointer,
-    regex: Regex,
+    regex: RuleRegex,
     /// Every match starts at the start of the value: one search, not one more after it.
     once: bool,
     replacement: String,

@@ -9,7 +9,7 @@
 //! - a literal: `'text'` (`\'` is a quote, `\\` a backslash, and a backslash before anything
 //!   else is kept, so regular expressions read as written), a number, `true`, `false`, `null`.
 
-use regex::Regex;
+use crate::engine::limits::RuleRegex;
 use serde_json::{Number, Value};
 
 use super::TemplateError;
@@ -46,7 +46,7 @@ pub(super) struct Call {
     pub function: Function,
     pub args: Vec<Expr>,
     /// The pattern of `replace()`, compiled with the rule.
-    pub regex: Option<Regex>,
+    pub regex: Option<RuleRegex>,
     /// What to pick from the result, in order.
     pub picks: Vec<Pick>,
 }
