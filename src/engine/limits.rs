@@ -17,9 +17,8 @@
 //! A rule over a limit fails by its `failurePolicy`, its changes rolled back, with a sentence
 //! that names the field and the limit.
 
-use std::time::Instant;
-
 use std::sync::Arc;
+use std::time::Instant;
 
 use regex_automata::meta;
 use serde_json::Value;
