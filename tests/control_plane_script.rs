@@ -225,17 +225,22 @@ fn up_refuses_a_full_file_system_with_a_sentence_and_starts_nothing() {
     // start anyway, the plane is downed on drop and dies with this process.
     let plane = PlaneDir::new("full");
     let dir = plane.path();
-    let output = script()
-        .arg("up")
-        .arg("--dir")
-        .arg(dir)
-        .arg("--owner-pid")
-        .arg(std::process::id().to_string())
-        .env("INITIUM_PLANE_MIN_FREE_MIB", "999999999999")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "up started anyway:\n{stderr}");
+    let up_wanting = |free_mib: &str| {
+        let output = script()
+            .arg("up")
+            .arg("--dir")
+            .arg(dir)
+            .arg("--owner-pid")
+            .arg(std::process::id().to_string())
+            .env("INITIUM_PLANE_MIN_FREE_MIB", free_mib)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        (output.status.success(), stderr)
+    };
+
+    let (started, stderr) = up_wanting("999999999999");
+    assert!(!started, "up started anyway:\n{stderr}");
     assert!(
         stderr.contains("MiB are free on the file system of")
             && stderr.contains("needs at least 999999999999 MiB")
@@ -248,20 +253,8 @@ fn up_refuses_a_full_file_system_with_a_sentence_and_starts_nothing() {
     );
     assert!(!dir.exists(), "up leaves no directory behind");
 
-    let output = script()
-        .arg("up")
-        .arg("--dir")
-        .arg(dir)
-        .arg("--owner-pid")
-        .arg(std::process::id().to_string())
-        .env("INITIUM_PLANE_MIN_FREE_MIB", "lots")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        !output.status.success(),
-        "up accepted a bad setting:\n{stderr}"
-    );
+    let (started, stderr) = up_wanting("lots");
+    assert!(!started, "up accepted a bad setting:\n{stderr}");
     assert!(
         stderr.contains("INITIUM_PLANE_MIN_FREE_MIB is a number of MiB, not 'lots'"),
         "{stderr}"

@@ -1110,6 +1110,23 @@ async fn every_pod_is_mutated_by_one_version_of_a_rule_that_keeps_changing() {
 // ---------------------------------------------------------------------------------------------
 // Hostile rules through serve
 
+/// initium's memory now, printed with `what`; its peak must be within the Deployment's
+/// 256 MiB limit.
+fn within_memory_limit(initium: &Initium, what: &str) -> support::measure::Memory {
+    let memory = initium.memory().expect("initium's memory");
+    eprintln!(
+        "faults: {what}: initium RSS {:.1} MiB, peak {:.1} MiB",
+        mib(memory.rss_kib),
+        mib(memory.peak_kib)
+    );
+    assert!(
+        memory.peak_kib < 256 * 1024,
+        "peak RSS {} KiB is over the Deployment's 256 MiB limit",
+        memory.peak_kib
+    );
+    memory
+}
+
 /// The hostile rules of `tests/data/hostile` (each once crashed, exhausted memory or stalled
 /// initium), as MutationRules of a tenant, without their good companion rule.
 fn hostile_rules() -> Vec<(String, Value)> {
@@ -1239,17 +1256,7 @@ async fn hostile_rules_through_serve_leave_initium_alive_and_others_served() {
         skipped >= tenant_results.len() as f64,
         "every tenant Pod should have had hostile rules skipped: {skipped}"
     );
-    let memory = initium.memory().expect("initium's memory");
-    eprintln!(
-        "faults: hostile rules: initium RSS {:.1} MiB, peak {:.1} MiB",
-        mib(memory.rss_kib),
-        mib(memory.peak_kib)
-    );
-    assert!(
-        memory.peak_kib < 256 * 1024,
-        "peak RSS {} KiB is over the Deployment's 256 MiB limit",
-        memory.peak_kib
-    );
+    within_memory_limit(&initium, "hostile rules");
 }
 
 /// Valid rules of a tenant with many Unicode regular expressions, each within its share,
@@ -1319,17 +1326,12 @@ async fn a_tenants_rules_full_of_unicode_regexes_stay_within_initiums_memory_lim
         "serve died; see {}",
         initium.log.display()
     );
-    let memory = initium.memory().expect("initium's memory");
-    eprintln!(
-        "faults: {RULES} rules of {REGEXES} Unicode regexes: initium RSS {:.1} MiB before, {:.1} MiB after, peak {:.1} MiB",
-        mib(before.rss_kib),
-        mib(memory.rss_kib),
-        mib(memory.peak_kib)
-    );
-    assert!(
-        memory.peak_kib < 256 * 1024,
-        "peak RSS {} KiB is over the Deployment's 256 MiB limit",
-        memory.peak_kib
+    let memory = within_memory_limit(
+        &initium,
+        &format!(
+            "{RULES} rules of {REGEXES} Unicode regexes (RSS before them {:.1} MiB)",
+            mib(before.rss_kib)
+        ),
     );
     // What the rules hold: their automata (about 170 KiB an expression), not a one-pass DFA
     // each (about 1 MiB an expression).
@@ -1407,17 +1409,9 @@ async fn hostile_clients_of_the_webhook_port_leave_initium_within_its_memory_lim
         !metrics.contains("Kind4999"),
         "a client-chosen kind became a metric label"
     );
-    let memory = initium.memory().expect("initium's memory");
-    eprintln!(
-        "faults: hostile clients: initium RSS {:.1} MiB, peak {:.1} MiB, /metrics {} bytes",
-        mib(memory.rss_kib),
-        mib(memory.peak_kib),
-        metrics.len()
-    );
-    assert!(
-        memory.peak_kib < 256 * 1024,
-        "peak RSS {} KiB is over the Deployment's 256 MiB limit",
-        memory.peak_kib
+    within_memory_limit(
+        &initium,
+        &format!("hostile clients (/metrics {} bytes)", metrics.len()),
     );
     // And it still admits.
     wait_admission_label(&client, &team, "served", "yes").await;

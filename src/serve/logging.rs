@@ -87,44 +87,37 @@ mod tests {
 
     #[test]
     fn the_kube_clients_own_log_is_off_unless_rust_log_names_it() {
-        assert_eq!(directives(None), "info,kube_client=off,kube_runtime=off");
-        assert_eq!(
-            directives(Some(" ")),
-            "info,kube_client=off,kube_runtime=off"
-        );
-        assert_eq!(
-            directives(Some("debug")),
-            "debug,kube_client=off,kube_runtime=off"
-        );
-        assert_eq!(
-            directives(Some("info,initium=debug")),
-            "info,initium=debug,kube_client=off,kube_runtime=off"
-        );
-        assert_eq!(
-            directives(Some("info,kube_client=debug")),
-            "info,kube_client=debug"
-        );
-        assert_eq!(
-            directives(Some("initium=debug,kube=info")),
-            "initium=debug,kube=info"
-        );
-        assert_eq!(
-            directives(Some("warn,kube_runtime::watcher=debug")),
-            "warn,kube_runtime::watcher=debug"
-        );
-        // Naming one of initium's own modules is not naming the client.
-        assert_eq!(
-            directives(Some("info,initium::kube_errors=debug")),
-            "info,initium::kube_errors=debug,kube_client=off,kube_runtime=off"
-        );
-        assert_eq!(
-            directives(Some("info,")),
-            "info,,kube_client=off,kube_runtime=off"
-        );
-        assert_eq!(
-            directives(Some("kubelet=debug")),
-            "kubelet=debug,kube_client=off,kube_runtime=off"
-        );
+        const OFF: &str = ",kube_client=off,kube_runtime=off";
+        for (given, expected) in [
+            (None, format!("info{OFF}")),
+            (Some(" "), format!("info{OFF}")),
+            (Some("debug"), format!("debug{OFF}")),
+            (
+                Some("info,initium=debug"),
+                format!("info,initium=debug{OFF}"),
+            ),
+            (
+                Some("info,kube_client=debug"),
+                "info,kube_client=debug".into(),
+            ),
+            (
+                Some("initium=debug,kube=info"),
+                "initium=debug,kube=info".into(),
+            ),
+            (
+                Some("warn,kube_runtime::watcher=debug"),
+                "warn,kube_runtime::watcher=debug".into(),
+            ),
+            // Naming one of initium's own modules is not naming the client.
+            (
+                Some("info,initium::kube_errors=debug"),
+                format!("info,initium::kube_errors=debug{OFF}"),
+            ),
+            (Some("info,"), format!("info,{OFF}")),
+            (Some("kubelet=debug"), format!("kubelet=debug{OFF}")),
+        ] {
+            assert_eq!(directives(given), expected, "{given:?}");
+        }
         for given in [None, Some("debug"), Some("info,kube_runtime=trace")] {
             assert!(
                 tracing_subscriber::EnvFilter::try_new(directives(given)).is_ok(),
@@ -133,12 +126,11 @@ mod tests {
         }
 
         // What the filter lets through: initium's warning, not the client's dump of the same.
-        let written = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
-        let sink = written.clone();
+        let written = Sink::default();
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
             .with_env_filter(tracing_subscriber::EnvFilter::new(directives(Some("info"))))
-            .with_writer(move || Sink(sink.clone()))
+            .with_writer(written.writer())
             .finish();
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!(target: "kube_client::client", "eof in poll: Custom {{ kind: UnexpectedEof }}");
@@ -146,28 +138,24 @@ mod tests {
             tracing::warn!(target: "kube_runtime::watcher", "watcher error 403: Api(Status {{ }})");
             tracing::warn!(target: "initium::controller::duty", "watching Namespaces failed");
         });
-        let text = String::from_utf8(written.lock().map(|w| w.clone()).unwrap_or_default())
-            .expect("UTF-8");
+        let text = written.text();
         assert!(text.contains("watching Namespaces failed"), "{text}");
         assert_eq!(text.trim_end().lines().count(), 1, "{text}");
     }
 
     #[test]
     fn text_logs_escape_control_characters_from_untrusted_text() {
-        use std::sync::{Arc, Mutex};
-        let written = Arc::new(Mutex::new(Vec::<u8>::new()));
-        let sink = written.clone();
+        let written = Sink::default();
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
             .fmt_fields(text_fields())
-            .with_writer(move || Sink(sink.clone()))
+            .with_writer(written.writer())
             .finish();
         let name = "web\u{1b}[2J\u{1b}[31mred\u{7}\u{202e}";
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!(name = %name, kind = "Pod\u{1b}]0;title\u{7}", "admitted {name}");
         });
-        let text = String::from_utf8(written.lock().map(|w| w.clone()).unwrap_or_default())
-            .expect("UTF-8");
+        let text = written.text();
         assert!(
             !text.contains('\u{1b}') && !text.contains('\u{7}'),
             "{text:?}"
@@ -181,7 +169,20 @@ mod tests {
         assert_eq!(text.trim_end().lines().count(), 1, "{text}");
     }
 
+    /// What a test subscriber wrote, shared with its writers.
+    #[derive(Clone, Default)]
     struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Sink {
+        fn writer(&self) -> impl Fn() -> Sink + 'static {
+            let sink = self.clone();
+            move || sink.clone()
+        }
+
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().map(|w| w.clone()).unwrap_or_default()).expect("UTF-8")
+        }
+    }
 
     impl std::io::Write for Sink {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
