@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod ops;
 pub mod serve;
 pub mod tls;
+pub mod untrusted;
 
 use engine::RuleErrors;
 
@@ -119,22 +120,7 @@ impl Error {
 /// `text` with every control character (and the bidirectional overrides a terminal obeys)
 /// written as a Rust escape: `\u{1b}`, `\n`.
 pub fn escape_controls(text: &str) -> String {
-    let unsafe_char = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
-    if !text.chars().any(unsafe_char) {
-        return text.to_string();
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if unsafe_char(c) {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    untrusted::escape(text).into_owned()
 }
 
 /// An error and its causes as one line of text, `outer: cause: cause`: what `initium` prints

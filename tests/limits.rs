@@ -144,10 +144,18 @@ fn a_rule_that_copies_the_object_into_itself_stops_at_the_output_limit() {
 
 #[test]
 fn doubling_rewrites_stop_at_the_output_limit_before_building_the_string() {
-    // 28 rewrites of every character to itself twice: 2^28 times the image name.
+    // 28 rewrites of every character to itself twice: 2^28 times the image name. The text
+    // reaches the longest a regex may search (about 31 KB for `.`) before the output limit.
     let step = json!({"rewrite": {"path": "/spec/containers/0/image", "regex": ".", "replacement": "$0$0"}});
     assert_hostile_contained(
-        json!({"match": {"kinds": ["Pod"]}, "mutations": vec![step; 28]}),
+        json!({"match": {"kinds": ["Pod"]}, "mutations": vec![step.clone(); 28]}),
+        1,
+        "may search at most",
+    );
+    // With a few more bytes per match than the search bound grows, the output limit stops it.
+    let step = json!({"rewrite": {"path": "/spec/containers/0/image", "regex": "^.*$", "replacement": "$0".repeat(64)}});
+    assert_hostile_contained(
+        json!({"match": {"kinds": ["Pod"]}, "mutations": vec![step; 8]}),
         1,
         "more than 1 MiB",
     );
@@ -543,10 +551,17 @@ fn hostile_template_functions_stop_at_the_output_limit_before_building() {
         }
         let mut mutations = vec![seed.clone()];
         mutations.extend(std::iter::repeat_n(grow(template), steps));
+        // replace() searches its text first: the search bound (about 31 KB for `.`) comes
+        // before the output limit.
+        let expect = if template.contains("replace(") {
+            "may search at most"
+        } else {
+            "(the per-rule output limit, --max-rule-output)"
+        };
         assert_hostile_contained(
             json!({"match": {"kinds": ["Pod"]}, "mutations": mutations}),
             1,
-            "(the per-rule output limit, --max-rule-output)",
+            expect,
         );
     }
     // One step that would build megabytes from a large string is refused before building it.
@@ -620,5 +635,50 @@ fn a_key_expanded_per_container_counts_every_copy_of_its_value() {
             && denial.message.contains("per-rule output limit"),
         "{}",
         denial.message
+    );
+}
+
+#[test]
+fn long_template_queries_are_refused_before_they_are_parsed() {
+    // One 1.4 MB MutationRule with a single 700,000-segment template query took 782 MB to
+    // compile and kept 165 MB: four of them kept every replica from starting. A query is now
+    // refused by its length before the parser sees it, and a rule's queries share a bound.
+    let started = Instant::now();
+    let long = format!("{{{{ ${} }}}}", ".a".repeat(700_000));
+    let error = compile_error(json!({"match": {"kinds": ["Pod"]},
+        "mutations": [{"merge": {"metadata": {"labels": {"x": long}}}}]}));
+    assert!(
+        error.contains("spec.mutations[0].merge (at /metadata/labels/x)")
+            && error.contains("a JSONPath of 1400001 bytes is too long: at most 1024 are allowed"),
+        "{error}"
+    );
+    assert!(
+        error.len() < 4096,
+        "the error quotes the whole query: {} bytes",
+        error.len()
+    );
+    // Many queries each under the bound add up against the rule's bound instead.
+    let many: Vec<Value> = (0..40)
+        .map(|i| json!({"merge": {"metadata": {"labels": {format!("l{i}"): format!("{{{{ ${} }}}}", ".a".repeat(450))}}}}))
+        .collect();
+    let error = compile_error(json!({"match": {"kinds": ["Pod"]}, "mutations": many}));
+    assert!(
+        error.contains("the rule's JSONPath queries come to more than 16 KiB together (the limit of one rule); split the rule into several"),
+        "{error}"
+    );
+    // Each of those rules alone is fine: the bound is per rule.
+    let few: Vec<Value> = (0..30)
+        .map(|i| json!({"merge": {"metadata": {"labels": {format!("l{i}"): format!("{{{{ ${} }}}}", ".a".repeat(200))}}}}))
+        .collect();
+    let (_, errors) = compile_all(&[mr(
+        "team",
+        "fine",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": few}),
+    )]);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
     );
 }

@@ -9,21 +9,9 @@ use super::path::{PointerError, QueryError};
 use super::template::TemplateError;
 
 /// Text that came from a rule or an object (names, values, patterns), made safe for a
-/// terminal and a log line: control characters — escape sequences that could recolour or
-/// rewrite a terminal, carriage returns, newlines — are written as `\u{1b}`-style escapes.
+/// terminal and a log line: the one escaper, [`crate::untrusted::escape`].
 pub fn sanitize(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(char::is_control) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if c.is_control() {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
+    crate::untrusted::escape(text)
 }
 
 /// A problem with one field of one rule: `<rule>: <field>: <message>`.

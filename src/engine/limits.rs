@@ -34,6 +34,17 @@ pub const MAX_DEPTH: usize = 100;
 /// before it runs as nodes × depth per further descendant segment).
 pub const QUERY_WORK_LIMIT: usize = 1_000_000;
 
+/// Bytes of one JSONPath query's text. Parsing costs about a kilobyte per segment (the
+/// parser's tree), and a parsed query keeps a few hundred bytes per segment: a 700,000-segment
+/// template query took 782 MB to compile and kept 165 MB. Real queries are under 200 bytes.
+pub const MAX_QUERY_BYTES: usize = 1024;
+
+/// Bytes of all the JSONPath queries of one rule together (conditions, paths, `forEach`,
+/// templates, lookups, gates): with [`MAX_QUERY_BYTES`] this keeps what compiling a rule
+/// allocates, and what it keeps, a small multiple of the rule's size, however many queries
+/// its author writes.
+pub const MAX_RULE_QUERY_BYTES: usize = 16 << 10;
+
 /// Descendant segments (`..`) one JSONPath query may have: each multiplies the work.
 pub const MAX_QUERY_DESCENDANTS: usize = 2;
 
@@ -43,6 +54,12 @@ pub const MAX_QUERY_NESTING: usize = 32;
 /// How deep template function calls may nest (`lower(trim(...))` is 2): the template parser
 /// is recursive, and each level may build a value.
 pub const MAX_CALL_NESTING: usize = 8;
+
+/// Bytes of values (as canonical text) one `in:` condition may gather from an object before
+/// any element is tested: a query such as `$..*` selects every node, and each node's text
+/// holds all of its children's again, so without a bound the set grows with the object's size
+/// times its depth.
+pub const MAX_IN_SET_BYTES: usize = 1 << 20;
 
 /// Regular expressions one rule may have (conditions, rewrites and the `replace()` calls of
 /// templates together).
@@ -54,6 +71,64 @@ pub const RULE_REGEX_BYTES: usize = 4 << 20;
 
 /// Compiled size of one regular expression.
 pub const MAX_REGEX_BYTES: usize = 1 << 20;
+
+/// Search work one search of a rule's regular expression may do (or all the searches of one
+/// condition together), in units of one automaton step over one byte. A search cannot be
+/// interrupted once it runs, so its cost is charged before it runs, as the text's length times
+/// the expression's cost per byte ([`RuleRegex::work_per_byte`]); one unit takes about half a
+/// nanosecond on the 2-core development VM in the worst case found (`a[ab]{20}c` on random
+/// `a`/`b` text, where the lazy DFA builds a state at almost every byte), so no search runs
+/// longer than a few tens of milliseconds. Between searches the latency budget is looked at,
+/// so what a rule does in all stays within the budget.
+pub const REGEX_SEARCH_WORK: u64 = 32_000_000;
+
+/// The units a search costs per byte of text on top of the expression's size: what the lazy
+/// DFA spends per byte when it builds a new state at every byte, whatever the expression.
+pub const REGEX_WORK_PER_BYTE_BASE: u64 = 1024;
+
+/// Bytes of an expression's automata that count as one unit per byte of text searched.
+const REGEX_BYTES_PER_UNIT: u64 = 64;
+
+thread_local! {
+    /// Query bytes the rule being compiled on this thread may still parse (`None`: no rule is
+    /// being compiled, nothing is counted).
+    static QUERY_BYTES_LEFT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// While it lives, the JSONPath queries parsed on this thread are counted against one rule's
+/// [`MAX_RULE_QUERY_BYTES`] ([`charge_query`]).
+pub(crate) struct QueryBudget {
+    previous: Option<usize>,
+}
+
+impl QueryBudget {
+    pub(crate) fn start() -> QueryBudget {
+        QueryBudget {
+            previous: QUERY_BYTES_LEFT.replace(Some(MAX_RULE_QUERY_BYTES)),
+        }
+    }
+}
+
+impl Drop for QueryBudget {
+    fn drop(&mut self) {
+        QUERY_BYTES_LEFT.set(self.previous);
+    }
+}
+
+/// Counts a query of `bytes` against the rule being compiled; false (and nothing counted)
+/// when the rule's queries would be over [`MAX_RULE_QUERY_BYTES`].
+pub(crate) fn charge_query(bytes: usize) -> bool {
+    match QUERY_BYTES_LEFT.get() {
+        None => true,
+        Some(left) => match left.checked_sub(bytes) {
+            Some(rest) => {
+                QUERY_BYTES_LEFT.set(Some(rest));
+                true
+            }
+            None => false,
+        },
+    }
+}
 
 /// Bounds on what rules may do to one object. The defaults suit `initium serve`; the flags
 /// of `initium serve` change them (see docs/reliability.md).
@@ -196,6 +271,14 @@ pub enum LimitError {
     },
     #[error("the rule would nest the object more than {MAX_DEPTH} levels deep (the depth limit)")]
     Depth,
+    #[error(transparent)]
+    RegexWork(#[from] RegexWorkError),
+}
+
+impl From<RegexWorkError> for Stop {
+    fn from(error: RegexWorkError) -> Self {
+        LimitError::RegexWork(error).into()
+    }
 }
 
 /// Counts what the rules of one admission write and how long they take.
@@ -221,6 +304,11 @@ impl<'a> Meter<'a> {
             steps: 0,
             ticks: 0,
         }
+    }
+
+    /// When the latency budget runs out (`None`: never).
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
     }
 
     /// Starts counting for the next rule.
@@ -326,6 +414,8 @@ pub(crate) fn replace_all(
     replacement: &str,
     meter: &mut Meter,
 ) -> Result<Option<String>, Stop> {
+    // Charged before the search: it cannot be interrupted once it runs.
+    regex.check_search(text.len())?;
     // Each `$` reference expands to at most the whole match (groups lie inside it).
     let references = replacement.matches('$').count();
     let limit = meter.remaining();
@@ -400,10 +490,20 @@ pub fn starts_anchored(pattern: &str) -> bool {
 /// are off: matches with groups run on the bounded backtracker or the PikeVM, as they already
 /// did for every pattern that is not one-pass; searches without groups keep the lazy DFA,
 /// whose cache is held to the share.
+///
+/// Searches are charged before they run (see [`REGEX_SEARCH_WORK`]): [`RuleRegex::check_search`]
+/// refuses a text whose length times [`RuleRegex::work_per_byte`] is over the expression's
+/// share, so no search a rule can cause runs longer than a few tens of milliseconds, whatever
+/// the pattern and the object.
 #[derive(Clone, Debug)]
 pub struct RuleRegex {
     regex: meta::Regex,
     pattern: Arc<str>,
+    /// Work units one byte of text costs this expression in the worst case.
+    work_per_byte: u64,
+    /// Work units this expression may spend on one search (or one condition's searches):
+    /// [`REGEX_SEARCH_WORK`].
+    work_limit: u64,
 }
 
 impl RuleRegex {
@@ -412,9 +512,46 @@ impl RuleRegex {
         &self.pattern
     }
 
-    /// Some part of `text` matches.
-    pub fn is_match(&self, text: &str) -> bool {
+    /// Whether some part of `text` matches: the search charged first ([`RuleRegex::check_search`]).
+    #[cfg(test)]
+    pub fn is_match(&self, text: &str) -> Result<bool, RegexWorkError> {
+        self.check_search(text.len())?;
+        Ok(self.regex.is_match(text))
+    }
+
+    /// Whether some part of `text` matches, for a search already charged.
+    pub(crate) fn is_match_charged(&self, text: &str) -> bool {
         self.regex.is_match(text)
+    }
+
+    /// Work units one byte of text costs a search in the worst case: a base for the lazy DFA
+    /// building a state at every byte, plus the size of the automata (the PikeVM steps through
+    /// every state of the NFA at every byte).
+    pub fn work_per_byte(&self) -> u64 {
+        self.work_per_byte
+    }
+
+    /// The most bytes one search (or all the searches of one condition together) may cover.
+    pub fn max_search_bytes(&self) -> usize {
+        // A search of n bytes is charged n + 1 bytes (an empty text is searched too).
+        usize::try_from((self.work_limit / self.work_per_byte.max(1)).saturating_sub(1))
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Refuses, before any search runs, `bytes` of text that would cost this expression more
+    /// than [`REGEX_SEARCH_WORK`].
+    pub fn check_search(&self, bytes: usize) -> Result<(), RegexWorkError> {
+        let work = (bytes as u64)
+            .saturating_add(1)
+            .saturating_mul(self.work_per_byte);
+        if work > self.work_limit {
+            return Err(RegexWorkError {
+                pattern: self.pattern.to_string(),
+                bytes,
+                max_bytes: self.max_search_bytes(),
+            });
+        }
+        Ok(())
     }
 
     /// Bytes the compiled expression holds (not counting the caches of searches).
@@ -436,9 +573,14 @@ pub fn compile_regex(pattern: &str, size_limit: usize) -> Result<RuleRegex, Rege
     meta::Builder::new()
         .configure(config)
         .build(pattern)
-        .map(|regex| RuleRegex {
-            regex,
-            pattern: pattern.into(),
+        .map(|regex| {
+            let held = regex.memory_usage() as u64;
+            RuleRegex {
+                work_per_byte: REGEX_WORK_PER_BYTE_BASE + held / REGEX_BYTES_PER_UNIT,
+                work_limit: REGEX_SEARCH_WORK,
+                regex,
+                pattern: pattern.into(),
+            }
         })
         .map_err(|source| {
             let pattern = pattern.to_string();
@@ -475,10 +617,21 @@ pub fn regex_share(count: usize) -> usize {
     (RULE_REGEX_BYTES / count.max(1)).min(MAX_REGEX_BYTES)
 }
 
+/// A search a rule's regular expression may not run: the text is too long for the expression.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "regular expression {pattern:?} would search {bytes} bytes, and it may search at most {max_bytes} at once (a search cannot be interrupted, so its cost, the text's length times the expression's size, is bounded before it runs): match a shorter field, or simplify the expression (fewer repetitions, [a-zA-Z0-9_] instead of \\w)"
+)]
+pub struct RegexWorkError {
+    pub pattern: String,
+    pub bytes: usize,
+    pub max_bytes: usize,
+}
+
 /// A regular expression of a rule that does not compile, or not within its share.
 #[derive(Debug, thiserror::Error)]
 pub enum RegexError {
-    #[error("invalid regular expression {pattern:?}: {problem}")]
+    #[error("invalid regular expression {pattern}: {problem}", pattern = crate::untrusted::InQuotes(.pattern))]
     Syntax {
         pattern: String,
         problem: String,
@@ -486,17 +639,16 @@ pub enum RegexError {
         source: Box<meta::BuildError>,
     },
     #[error(
-        "regular expression {pattern:?} is too large once compiled (over {}; a rule's regular expressions share {}): simplify it, for example [a-zA-Z0-9_] instead of \\w, which matches every Unicode letter and digit, or fewer repetitions",
+        "regular expression {pattern} is too large once compiled (over {}; a rule's regular expressions share {}): simplify it, for example [a-zA-Z0-9_] instead of \\w, which matches every Unicode letter and digit, or fewer repetitions",
         human_bytes(*.size_limit),
-        human_bytes(RULE_REGEX_BYTES)
-    )]
+        human_bytes(RULE_REGEX_BYTES), pattern = crate::untrusted::InQuotes(.pattern))]
     TooBig {
         pattern: String,
         size_limit: usize,
         #[source]
         source: Box<meta::BuildError>,
     },
-    #[error("invalid regular expression {pattern:?}: {source}")]
+    #[error("invalid regular expression {pattern}: {source}", pattern = crate::untrusted::InQuotes(.pattern))]
     Other {
         pattern: String,
         #[source]
@@ -576,7 +728,7 @@ mod tests {
                 "x\na",
             ] {
                 assert_eq!(
-                    regex.is_match(text),
+                    regex.is_match(text).unwrap(),
                     reference.is_match(text),
                     "{pattern} on {text:?}"
                 );
@@ -622,6 +774,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_search_is_charged_before_it_runs_by_text_length_times_program_size() {
+        // `a[ab]{20}c` makes the lazy DFA build a state at almost every byte of random a/b
+        // text: 58 s for a 1 MB rewrite before this bound.
+        let thrash = compile_regex("a[ab]{20}c", MAX_REGEX_BYTES).unwrap();
+        let small = compile_regex("^docker\\.io/", MAX_REGEX_BYTES).unwrap();
+        let unicode = compile_regex("^(\\w+)/(\\w+):(\\w+)$", MAX_REGEX_BYTES).unwrap();
+        // A bigger program costs more per byte, so it may search less text.
+        assert!(unicode.work_per_byte() > thrash.work_per_byte());
+        assert!(unicode.max_search_bytes() < thrash.max_search_bytes());
+        // Whatever the pattern, an image or a name is always searched...
+        for regex in [&thrash, &small, &unicode] {
+            assert!(regex.max_search_bytes() >= 4 << 10, "{}", regex.as_str());
+            assert!(regex.check_search(4 << 10).is_ok());
+            // ...and a megabyte never is.
+            let error = regex.check_search(1 << 20).unwrap_err();
+            assert_eq!(error.bytes, 1 << 20);
+            assert!(error.to_string().contains("may search at most"), "{error}");
+        }
+        // The bound is what makes the search short: the longest text allowed takes far less
+        // than the latency budget, where the 1 MB text took seconds.
+        let text: String = (0..thrash.max_search_bytes())
+            .map(|i| if (i * 7919) % 13 < 6 { 'a' } else { 'b' })
+            .collect();
+        let limits = Limits::default();
+        let mut meter = Meter::new(&limits, None);
+        assert!(replace_all(&thrash, false, &text, "x", &mut meter).is_ok());
+        let long = "ab".repeat(1 << 19);
+        let refused = replace_all(&thrash, false, &long, "x", &mut meter).unwrap_err();
+        assert!(
+            refused.to_string().contains("may search at most"),
+            "{refused}"
+        );
     }
 
     #[test]

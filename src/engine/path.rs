@@ -10,7 +10,8 @@ use std::borrow::Cow;
 use serde_json::Value;
 
 use super::limits::{
-    MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, QUERY_WORK_LIMIT, count_nodes,
+    MAX_DEPTH, MAX_QUERY_BYTES, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, MAX_RULE_QUERY_BYTES,
+    QUERY_WORK_LIMIT, charge_query, count_nodes, human_bytes,
 };
 use super::limits::{RegexError, compile_regex};
 use super::scan;
@@ -479,9 +480,9 @@ pub fn type_name(v: &Value) -> &'static str {
 /// A JSON pointer of a rule that is not one, or that cannot be followed in an object.
 #[derive(Debug, thiserror::Error)]
 pub enum PointerError {
-    #[error("invalid JSON pointer {text:?}: it must be empty or start with '/'")]
+    #[error("invalid JSON pointer {text}: it must be empty or start with '/'", text = crate::untrusted::InQuotes(.text))]
     NoLeadingSlash { text: String },
-    #[error("invalid JSON pointer {text:?}: '~' must be followed by 0 or 1")]
+    #[error("invalid JSON pointer {text}: '~' must be followed by 0 or 1", text = crate::untrusted::InQuotes(.text))]
     BadEscape { text: String },
     #[error("{pointer}: no list element {token:?} (the list has {len})")]
     NoListElement {
@@ -500,16 +501,24 @@ pub enum PointerError {
 /// A JSONPath query of a rule that is not valid, or that would do too much work on an object.
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
-    #[error("invalid JSONPath {text:?}: {problem}")]
+    #[error("invalid JSONPath {text}: {problem}", text = crate::untrusted::InQuotes(.text))]
     Invalid {
         text: String,
         #[source]
         problem: QueryProblem,
     },
     #[error(
-        "JSONPath {text:?} would visit more than {QUERY_WORK_LIMIT} nodes of this object (the query work limit); avoid descendant segments (..) on large objects"
-    )]
+        "JSONPath {text} would visit more than {QUERY_WORK_LIMIT} nodes of this object (the query work limit); avoid descendant segments (..) on large objects", text = crate::untrusted::InQuotes(.text))]
     TooMuchWork { text: String },
+    #[error(
+        "a JSONPath of {bytes} bytes is too long: at most {MAX_QUERY_BYTES} are allowed (a query is parsed into a node per segment); select with a shorter path"
+    )]
+    TooLong { bytes: usize },
+    #[error(
+        "the rule's JSONPath queries come to more than {} together (the limit of one rule); split the rule into several",
+        human_bytes(MAX_RULE_QUERY_BYTES)
+    )]
+    RuleQueriesTooLong,
 }
 
 /// What is wrong with an invalid JSONPath query.
@@ -595,6 +604,14 @@ impl Query {
         };
         if !text.starts_with('$') {
             return Err(invalid(QueryProblem::NoRoot));
+        }
+        // Before anything is parsed: parsing takes about a kilobyte per segment, and what a
+        // parsed query keeps a few hundred bytes.
+        if text.len() > MAX_QUERY_BYTES {
+            return Err(QueryError::TooLong { bytes: text.len() });
+        }
+        if !charge_query(text.len()) {
+            return Err(QueryError::RuleQueriesTooLong);
         }
         let shape = shape(text);
         if shape.nesting > MAX_QUERY_NESTING {

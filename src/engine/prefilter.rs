@@ -13,7 +13,7 @@ use foldhash::{HashMap, HashSet};
 
 use regex::{RegexSet, RegexSetBuilder};
 
-use crate::engine::limits::RuleRegex;
+use crate::engine::limits::{REGEX_WORK_PER_BYTE_BASE, RuleRegex};
 use serde_json::{Map, Value};
 use smallvec::{SmallVec, smallvec};
 
@@ -33,6 +33,20 @@ const REGEXES_PER_SET: usize = 4096;
 /// matched one by one, as without a prefilter).
 const SET_SIZE_LIMIT: usize = 64 << 20;
 const SET_DFA_SIZE_LIMIT: usize = 16 << 20;
+
+/// The search work one `RegexSet` of many tenants' patterns may do on one text. A set's
+/// search cannot be interrupted and costs the text's length times the size of every pattern
+/// in it, one tenant's pathological pattern included; on a longer text the prefilter keeps
+/// every rule of the set, and each rule's own match searches within its own bound
+/// ([`crate::engine::limits::REGEX_SEARCH_WORK`]), charged to that rule alone.
+const SET_SEARCH_WORK: u64 = 32_000_000;
+
+/// A `RegexSet` and the longest text it may search within [`SET_SEARCH_WORK`].
+#[derive(Debug)]
+struct SearchSet {
+    set: RegexSet,
+    max_bytes: usize,
+}
 
 /// A set of the part's rules, by offset in the part.
 type Bits = Vec<u64>;
@@ -333,7 +347,7 @@ struct PathFilter {
     /// literal: a value matches only if it starts with it (a lookup, not a regex search).
     prefixes: Affixes,
     /// The other patterns, and the rule of each pattern, where a path has more than a few.
-    sets: Vec<(RegexSet, Vec<u32>)>,
+    sets: Vec<(SearchSet, Vec<u32>)>,
 }
 
 /// Where a path has at most this many patterns that are not anchored prefixes, their rules
@@ -396,10 +410,16 @@ impl PathFilter {
         for text in values {
             self.prefixes.add_kept(text, End::Start, out);
             for (set, offsets) in &self.sets {
-                if !set.is_match(text) {
+                if text.len() > set.max_bytes {
+                    for offset in offsets {
+                        insert(out, *offset as usize);
+                    }
                     continue;
                 }
-                for pattern in set.matches(text).iter() {
+                if !set.set.is_match(text) {
+                    continue;
+                }
+                for pattern in set.set.matches(text).iter() {
                     if let Some(offset) = offsets.get(pattern) {
                         insert(out, *offset as usize);
                     }
@@ -730,6 +750,15 @@ impl Prefilter {
                         );
                     }
                     if let Ok(set) = built {
+                        // Searched as one automaton: one lazy-DFA base per byte, and the
+                        // states of every pattern.
+                        let per_byte =
+                            chunk.iter().fold(REGEX_WORK_PER_BYTE_BASE, |sum, (r, _)| {
+                                sum.saturating_add(r.work_per_byte() - REGEX_WORK_PER_BYTE_BASE)
+                            });
+                        let max_bytes =
+                            usize::try_from(SET_SEARCH_WORK / per_byte).unwrap_or(usize::MAX);
+                        let set = SearchSet { set, max_bytes };
                         sets.push((set, chunk.iter().map(|(_, offset)| *offset).collect()));
                     }
                 }

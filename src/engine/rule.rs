@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::engine::limits::RuleRegex;
 use serde_json::Value;
@@ -17,7 +17,7 @@ use super::error::{Errors, IdentityChange, InternalError, RuleErrors};
 use super::gate::{self, CompiledGate};
 use super::journal::Journal;
 use super::kind::{Gvk, KindPattern};
-use super::limits::{MAX_RULE_REGEXES, Meter, Stop, regex_share};
+use super::limits::{MAX_RULE_REGEXES, Meter, QueryBudget, Stop, regex_share};
 use super::lookup::{self, CompiledLookup, Found, LookupStore, LookupTarget};
 use super::matching::{Conditions, MatchError, Matcher, Needs};
 use super::mutation::{self, Mutation, MutationError};
@@ -264,7 +264,13 @@ impl CompiledRule {
 
     /// Whether the rule applies to the object; an error when that cannot be told (see
     /// `Subject::namespace_labels`), which the rule's failure policy then handles.
-    pub(crate) fn matches(&self, subject: &Subject, object: &Value) -> Result<bool, MatchError> {
+    /// Out of time ([`MatchError::OutOfTime`]) when `deadline` passes between two conditions.
+    fn matches_until(
+        &self,
+        subject: &Subject,
+        object: &Value,
+        deadline: Option<Instant>,
+    ) -> Result<bool, MatchError> {
         if !self.matcher.matches(subject, object)? {
             return Ok(false);
         }
@@ -273,7 +279,7 @@ impl CompiledRule {
         {
             return Ok(false);
         }
-        self.conditions.hold(object)
+        self.conditions.hold_until(object, deadline)
     }
 
     /// Why the rule does not apply to the object, as the field of the rule that rules it out
@@ -305,8 +311,19 @@ impl CompiledRule {
         subject: &Subject,
         object: &Value,
     ) -> Result<bool, MatchError> {
-        catch_unwind(AssertUnwindSafe(|| self.matches(subject, object)))
-            .unwrap_or_else(|panic| Err(InternalError::from_panic(&*panic).into()))
+        self.matches_guarded_until(subject, object, None)
+    }
+
+    fn matches_guarded_until(
+        &self,
+        subject: &Subject,
+        object: &Value,
+        deadline: Option<Instant>,
+    ) -> Result<bool, MatchError> {
+        catch_unwind(AssertUnwindSafe(|| {
+            self.matches_until(subject, object, deadline)
+        }))
+        .unwrap_or_else(|panic| Err(InternalError::from_panic(&*panic).into()))
     }
 
     /// Runs the rule on `doc` in place. The rule is atomic: when a mutation fails (or goes
@@ -314,9 +331,10 @@ impl CompiledRule {
     /// the last line of defence at the rule boundary: whatever happens inside, even a panic,
     /// becomes this rule's failure, and the process and the other rules go on.
     pub(crate) fn run(&self, subject: &Subject, doc: &mut Value, meter: &mut Meter) -> RuleResult {
-        match self.matches_guarded(subject, doc) {
+        match self.matches_guarded_until(subject, doc, meter.deadline()) {
             Ok(true) => {}
             Ok(false) => return RuleResult::NotMatched,
+            Err(MatchError::OutOfTime) => return RuleResult::Failed(Stop::Budget),
             Err(e) => return RuleResult::Failed(e.into()),
         }
         // Before any change: a lookup that cannot be read fails the rule, named.
@@ -456,6 +474,9 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
         );
     }
     let regex_limit = regex_share(regexes);
+    // Every JSONPath the rule's fields hold counts against one bound from here on (counting
+    // the regexes above parsed the templates without keeping them).
+    let _queries = QueryBudget::start();
     let lookups = lookup::compile(&id, &spec.lookups, &mut errors);
     let conditions = Conditions::compile(&spec.conditions, regex_limit, &mut errors);
     if spec.mutations.is_empty() && spec.gate.is_none() {

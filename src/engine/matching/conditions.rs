@@ -3,14 +3,15 @@
 //! choose the list elements a `remove` mutation takes away.
 
 use std::collections::HashSet;
+use std::time::Instant;
 
 use crate::engine::limits::RuleRegex;
 use serde_json::Value;
 
 use crate::api::{self, exactly_one_of_message};
 use crate::engine::error::Errors;
-use crate::engine::limits::compile_regex;
-use crate::engine::path::{Query, QueryError};
+use crate::engine::limits::{MAX_DEPTH, MAX_IN_SET_BYTES, compile_regex, measure};
+use crate::engine::path::Query;
 
 use super::MatchError;
 
@@ -218,10 +219,7 @@ impl Conditions {
         let prepared = self.prepare(object)?;
         for (index, c) in self.0.iter().enumerate() {
             let set = prepared.sets.get(index).and_then(Option::as_ref);
-            if !c
-                .holds(object, set)
-                .map_err(|source| MatchError::Condition { index, source })?
-            {
+            if !c.holds(index, object, set)? {
                 return Ok(Some(index));
             }
         }
@@ -233,14 +231,21 @@ impl Conditions {
         let mut sets = Vec::with_capacity(self.0.len());
         for (index, c) in self.0.iter().enumerate() {
             sets.push(match &c.test {
-                Test::In(query) => Some(
-                    query
+                Test::In(query) => {
+                    let selected = query
                         .select(object)
-                        .map_err(|source| MatchError::Condition { index, source })?
-                        .into_iter()
-                        .map(value_key)
-                        .collect(),
-                ),
+                        .map_err(|source| MatchError::Condition { index, source })?;
+                    // Charged before any key is built: each node's key holds its children's
+                    // again, so the keys of `$..*` grow with the object's size times its depth.
+                    let mut left = MAX_IN_SET_BYTES;
+                    for value in &selected {
+                        let bytes = measure(value, left, MAX_DEPTH).bytes;
+                        left = left
+                            .checked_sub(bytes)
+                            .ok_or(MatchError::InSetTooLarge { index })?;
+                    }
+                    Some(selected.into_iter().map(value_key).collect())
+                }
                 _ => None,
             });
         }
@@ -253,12 +258,32 @@ impl Conditions {
         value: &Value,
         prepared: &Prepared,
     ) -> Result<bool, MatchError> {
+        self.hold_prepared_until(value, prepared, None)
+    }
+
+    /// [`Conditions::hold`], looking at the clock before every condition after the first: each
+    /// condition's work is bounded (queries and searches are charged before they run), and
+    /// the latency budget bounds them all.
+    pub(crate) fn hold_until(
+        &self,
+        object: &Value,
+        deadline: Option<Instant>,
+    ) -> Result<bool, MatchError> {
+        self.hold_prepared_until(object, &self.prepare(object)?, deadline)
+    }
+
+    fn hold_prepared_until(
+        &self,
+        value: &Value,
+        prepared: &Prepared,
+        deadline: Option<Instant>,
+    ) -> Result<bool, MatchError> {
         for (index, c) in self.0.iter().enumerate() {
+            if index > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(MatchError::OutOfTime);
+            }
             let set = prepared.sets.get(index).and_then(Option::as_ref);
-            if !c
-                .holds(value, set)
-                .map_err(|source| MatchError::Condition { index, source })?
-            {
+            if !c.holds(index, value, set)? {
                 return Ok(false);
             }
         }
@@ -267,12 +292,30 @@ impl Conditions {
 }
 
 impl Condition {
-    fn holds(&self, value: &Value, set: Option<&HashSet<String>>) -> Result<bool, QueryError> {
-        let found = self.query.select(value)?;
+    fn holds(
+        &self,
+        index: usize,
+        value: &Value,
+        set: Option<&HashSet<String>>,
+    ) -> Result<bool, MatchError> {
+        let found = self
+            .query
+            .select(value)
+            .map_err(|source| MatchError::Condition { index, source })?;
         Ok(match &self.test {
-            Test::Matches(re) => found
-                .iter()
-                .any(|v| v.as_str().is_some_and(|s| re.is_match(s))),
+            Test::Matches(re) => {
+                // Every search is charged before the first runs: together they may cover at
+                // most what one search may (`$..*` on a large object selects many strings).
+                let bytes = found
+                    .iter()
+                    .filter_map(|v| v.as_str())
+                    .fold(0usize, |sum, s| sum.saturating_add(s.len()));
+                re.check_search(bytes)
+                    .map_err(|source| MatchError::ConditionSearch { index, source })?;
+                found
+                    .iter()
+                    .any(|v| v.as_str().is_some_and(|s| re.is_match_charged(s)))
+            }
             Test::Equals(want) => found.iter().any(|v| same_value(v, want)),
             Test::Exists(want) => found.is_empty() != *want,
             Test::NotEquals(unwanted) => !found.iter().any(|v| same_value(v, unwanted)),
@@ -402,10 +445,76 @@ pub(crate) fn same_value(a: &Value, b: &Value) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
-    use super::same_value;
+    use super::{Conditions, same_value};
+    use crate::engine::error::Errors;
+    use crate::engine::limits::MAX_REGEX_BYTES;
+    use crate::engine::matching::MatchError;
+
+    fn conditions(spec: Value) -> Conditions {
+        let specs: Vec<crate::api::Condition> = serde_json::from_value(spec).unwrap();
+        let mut errors = Errors::default();
+        let compiled = Conditions::compile(&specs, MAX_REGEX_BYTES, &mut errors);
+        assert!(errors.errors.is_empty(), "{:?}", errors.errors);
+        compiled
+    }
+
+    /// A Pod-like object of about `bytes`, nested `depth` levels, full of strings.
+    fn big_object(bytes: usize, depth: usize) -> Value {
+        let mut leaf = json!({});
+        for i in 0..bytes / 40 {
+            leaf[format!("k{i}")] = json!("ab".repeat(16));
+        }
+        let mut object = leaf;
+        for _ in 0..depth {
+            object = json!({"a": object, "b": "x"});
+        }
+        json!({"metadata": {"name": "p"}, "spec": object})
+    }
+
+    #[test]
+    fn an_in_set_over_every_node_is_refused_before_its_keys_are_built() {
+        // Before: every node `$..*` selects became full canonical text, so a 61 KB Pod took
+        // 415 MB offline (size × depth). Now the keys are measured first, within 1 MiB.
+        let c = conditions(json!([{"path": "$.metadata.name", "in": "$..*"}]));
+        let object = big_object(61 << 10, 60);
+        let started = std::time::Instant::now();
+        let error = c.hold(&object).unwrap_err();
+        assert!(
+            matches!(error, MatchError::InSetTooLarge { index: 0 }),
+            "{error}"
+        );
+        assert!(
+            error.to_string().starts_with("spec.conditions[0].in: "),
+            "{error}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // A set of a few names is fine.
+        let names = conditions(json!([{"path": "$.metadata.name", "in": "$.spec..b"}]));
+        assert!(!names.hold(&object).unwrap());
+    }
+
+    #[test]
+    fn a_matches_condition_charges_all_its_searches_before_the_first() {
+        let c = conditions(json!([{"path": "$..*", "matches": "a[ab]{20}c"}]));
+        let error = c.hold(&big_object(1 << 20, 2)).unwrap_err();
+        assert!(
+            matches!(error, MatchError::ConditionSearch { index: 0, .. }),
+            "{error}"
+        );
+        assert!(
+            error
+                .to_string()
+                .starts_with("spec.conditions[0].matches: regular expression"),
+            "{error}"
+        );
+        // A Pod's images are searched as before.
+        let images = conditions(json!([{"path": "$.spec.b", "matches": "^x$"}]));
+        assert!(images.hold(&big_object(1 << 20, 2)).unwrap());
+    }
 
     #[test]
     fn numbers_are_equal_by_value() {

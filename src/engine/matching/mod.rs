@@ -274,6 +274,19 @@ pub enum MatchError {
     NamespaceLabelsUnknown { namespace: String },
     #[error("spec.conditions[{index}].path: {source}")]
     Condition { index: usize, source: QueryError },
+    #[error("spec.conditions[{index}].matches: {source}")]
+    ConditionSearch {
+        index: usize,
+        source: crate::engine::limits::RegexWorkError,
+    },
+    #[error(
+        "spec.conditions[{index}].in: the values it selects from this object come to more than {} (the limit of an in: set); select fewer values, for example a list of names rather than $..*",
+        crate::engine::limits::human_bytes(crate::engine::limits::MAX_IN_SET_BYTES)
+    )]
+    InSetTooLarge { index: usize },
+    /// The latency budget ran out between two conditions: the rule is out of time.
+    #[error("the latency budget ran out while the rule's conditions were tested")]
+    OutOfTime,
     #[error(transparent)]
     Internal(#[from] InternalError),
 }

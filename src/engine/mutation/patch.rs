@@ -112,7 +112,10 @@ pub(super) fn compile(ops: &[api::PatchOperation], at: &str, cx: &mut Compiler) 
             let Ok(path_buf) = PointerBuf::parse(path.as_str()) else {
                 cx.push(
                     format!("{at}.path"),
-                    format!("invalid JSON pointer {:?}", op.path),
+                    format!(
+                        "invalid JSON pointer {}",
+                        crate::untrusted::InQuotes(&op.path)
+                    ),
                 );
                 continue;
             };

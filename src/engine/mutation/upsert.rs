@@ -42,7 +42,7 @@ pub(super) fn compile(spec: &api::Upsert, at: &str, cx: &mut Compiler) -> Option
         None if key_fixed && !spec.key.is_empty() => {
             cx.push(
                 format!("{at}.upsert.value"),
-                format!("has no key field {:?}", spec.key),
+                format!("has no key field {}", crate::untrusted::InQuotes(&spec.key)),
             );
         }
         _ => {}

@@ -297,7 +297,10 @@ impl<'a> Evaluator<'a, '_, '_> {
                 let parsed = image::parse(s.as_str()).map_err(|problem| {
                     self.misuse(
                         f,
-                        format!("{:?} is not an image reference: {problem}", s.as_str()),
+                        format!(
+                            "{} is not an image reference: {problem}",
+                            crate::untrusted::InQuotes(s.as_str())
+                        ),
                     )
                 })?;
                 let fields = [

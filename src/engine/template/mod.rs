@@ -495,44 +495,39 @@ fn root<'a, 's>(
 /// template as written between the braces.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
-    #[error("template in {text:?} has no closing }}}}")]
+    #[error("template in {text} has no closing }}}}", text = crate::untrusted::InQuotes(.text))]
     Unclosed { text: String },
-    #[error("template {{{{ {expr} }}}}: @ (the current element) is only available inside forEach")]
+    #[error("template {{{{ {expr} }}}}: @ (the current element) is only available inside forEach", expr = crate::untrusted::Quoted(.expr))]
     ElementOutsideForEach { expr: String },
     #[error(
-        "template {{{{ {expr} }}}}: a JSONPath must start with $ (the object), @ (the forEach element) or lookups.<name> (a lookup of the rule); a function is called as name(arguments), like lower($.metadata.name)"
-    )]
+        "template {{{{ {expr} }}}}: a JSONPath must start with $ (the object), @ (the forEach element) or lookups.<name> (a lookup of the rule); a function is called as name(arguments), like lower($.metadata.name)", expr = crate::untrusted::Quoted(.expr))]
     NoRoot { expr: String },
     #[error(
-        "template {{{{ {expr} }}}}: name a lookup of the rule, as in {{{{ lookups.<name>.data.<key> }}}}"
-    )]
+        "template {{{{ {expr} }}}}: name a lookup of the rule, as in {{{{ lookups.<name>.data.<key> }}}}", expr = crate::untrusted::Quoted(.expr))]
     NoLookupName { expr: String },
-    #[error("template {{{{ {expr} }}}}: the rule has no lookup named {name:?} ({})", known_lookups(.known))]
+    #[error("template {{{{ {expr} }}}}: the rule has no lookup named {name:?} ({})", known_lookups(.known), expr = crate::untrusted::Quoted(.expr))]
     UnknownLookup {
         expr: String,
         name: String,
         known: Vec<String>,
     },
     #[error(
-        "template {{{{ {expr} }}}} selected nothing in {object}: add what it selects to {object}, or change the template"
-    )]
+        "template {{{{ {expr} }}}} selected nothing in {object}: add what it selects to {object}, or change the template", expr = crate::untrusted::Quoted(.expr))]
     LookupSelectedNothing { expr: String, object: String },
     /// A lookup template rendered without its lookup resolved: a bug.
-    #[error("template {{{{ {expr} }}}}: its lookup was not read before the rule ran")]
+    #[error("template {{{{ {expr} }}}}: its lookup was not read before the rule ran", expr = crate::untrusted::Quoted(.expr))]
     LookupNotResolved { expr: String },
-    #[error("template {{{{ {expr} }}}}: {problem}")]
+    #[error("template {{{{ {expr} }}}}: {problem}", expr = crate::untrusted::Quoted(.expr))]
     Syntax { expr: String, problem: String },
-    #[error("template {{{{ {expr} }}}}: {source}")]
+    #[error("template {{{{ {expr} }}}}: {source}", expr = crate::untrusted::Quoted(.expr))]
     Query { expr: String, source: QueryError },
     #[error(
         "template {{{{ {expr} }}}}: there is no function {name}(); the functions are {}",
-        Function::list()
-    )]
+        Function::list(), expr = crate::untrusted::Quoted(.expr))]
     UnknownFunction { expr: String, name: String },
     #[error(
         "template {{{{ {expr} }}}}: {function}() takes {takes} argument{}, as in {signature}; it was given {found}",
-        if *.takes == 1 { "" } else { "s" }
-    )]
+        if *.takes == 1 { "" } else { "s" }, expr = crate::untrusted::Quoted(.expr))]
     Arity {
         expr: String,
         function: &'static str,
@@ -542,45 +537,39 @@ pub enum TemplateError {
     },
     #[error(
         "template {{{{ {expr} }}}}: function calls nest more than {} deep (the limit); split the work over several mutations",
-        super::limits::MAX_CALL_NESTING
-    )]
+        super::limits::MAX_CALL_NESTING, expr = crate::untrusted::Quoted(.expr))]
     CallsTooNested { expr: String },
     #[error(
-        "template {{{{ {expr} }}}}: the regular expression of replace() must be a quoted string, replace(s, '^a(.*)$', 'b$1'), so that it is compiled once with the rule"
-    )]
+        "template {{{{ {expr} }}}}: the regular expression of replace() must be a quoted string, replace(s, '^a(.*)$', 'b$1'), so that it is compiled once with the rule", expr = crate::untrusted::Quoted(.expr))]
     ReplaceNotLiteral { expr: String },
-    #[error("template {{{{ {expr} }}}}: replace(): {source}")]
+    #[error("template {{{{ {expr} }}}}: replace(): {source}", expr = crate::untrusted::Quoted(.expr))]
     ReplacePattern { expr: String, source: RegexError },
     #[error(
-        "template {{{{ {expr} }}}}: the forEach element no longer exists: an earlier step of this forEach removed or replaced it"
-    )]
+        "template {{{{ {expr} }}}}: the forEach element no longer exists: an earlier step of this forEach removed or replaced it", expr = crate::untrusted::Quoted(.expr))]
     ElementGone { expr: String },
-    #[error("template {{{{ {expr} }}}} selected nothing")]
+    #[error("template {{{{ {expr} }}}} selected nothing", expr = crate::untrusted::Quoted(.expr))]
     SelectedNothing { expr: String },
-    #[error("template {{{{ {expr} }}}} selected {count} values; use a path that selects one")]
+    #[error("template {{{{ {expr} }}}} selected {count} values; use a path that selects one", expr = crate::untrusted::Quoted(.expr))]
     SelectedMany { expr: String, count: usize },
     #[error(
-        "template {{{{ {expr} }}}}: {what} selected nothing; default({what}, fallback) gives a value for when it is missing"
-    )]
+        "template {{{{ {expr} }}}}: {what} selected nothing; default({what}, fallback) gives a value for when it is missing", expr = crate::untrusted::Quoted(.expr))]
     Nothing { expr: String, what: String },
     #[error(
-        "template {{{{ {expr} }}}}: {query} selected {count} values; {taker}: use a path that selects one"
-    )]
+        "template {{{{ {expr} }}}}: {query} selected {count} values; {taker}: use a path that selects one", expr = crate::untrusted::Quoted(.expr))]
     SelectedManyInside {
         expr: String,
         query: String,
         count: usize,
         taker: String,
     },
-    #[error("template {{{{ {expr} }}}}: {function}(): {problem}")]
+    #[error("template {{{{ {expr} }}}}: {function}(): {problem}", expr = crate::untrusted::Quoted(.expr))]
     Function {
         expr: String,
         function: &'static str,
         problem: String,
     },
     #[error(
-        "template {{{{ {expr} }}}} selected {found}; inside a longer string only strings, numbers and booleans fit"
-    )]
+        "template {{{{ {expr} }}}} selected {found}; inside a longer string only strings, numbers and booleans fit", expr = crate::untrusted::Quoted(.expr))]
     NotScalar { expr: String, found: &'static str },
     #[error(
         "the key {written:?} renders to {key:?}, which another key of the same object has too; keys must render to different strings"
