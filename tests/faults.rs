@@ -47,6 +47,10 @@ const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(1);
 /// What a create may take on top of the webhook timeout: the API server's and etcd's own work
 /// on a busy 2-core machine.
 const API_SLACK: Duration = Duration::from_secs(1);
+/// How long another namespace's create, or `/readyz`, may take while a tenant floods initium
+/// with slow rules: the API server's own time and a margin for a busy 2-core machine, well
+/// under the webhook timeout (a create that waits for it is admitted unmutated).
+const OTHERS_SERVED_WITHIN: Duration = Duration::from_millis(500);
 
 // ---------------------------------------------------------------------------------------------
 // The plane, the replicas, cleanup
@@ -1257,6 +1261,172 @@ async fn hostile_rules_through_serve_leave_initium_alive_and_others_served() {
         "every tenant Pod should have had hostile rules skipped: {skipped}"
     );
     within_memory_limit(&initium, "hostile rules");
+}
+
+/// A tenant's rules whose regular expressions are as slow as a search may be (the lazy DFA
+/// thrashes on `a[ab]{100}c`), and a flood of the tenant's creates: before, 40 such creates
+/// stalled every admission for 51 s and `/readyz` did not answer (a search could not be
+/// interrupted, and the rules ran on the async workers). Now each search is charged before it
+/// runs, the clock is read between conditions, a review whose rules outrun a 2 ms slice goes
+/// to the blocking pool, and turns there go round the namespaces: the other namespace's Pods
+/// are mutated within the webhook timeout and `/readyz` answers throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_slow_regexes_leave_other_namespaces_served_and_readyz_answering() {
+    let _serial = serial().await;
+    let name = support::unique("f-slowregex");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let tenant = support::namespace(&client, "tenant").await;
+    let other = support::namespace(&client, "other").await;
+    let mut initium = start(&name, &own, "one").await;
+
+    // 30 conditions, each a full search of the annotation (the match is at its very end).
+    let conditions: Vec<Value> = (0..30)
+        .map(|_| json!({"path": "$.metadata.annotations.blob", "matches": "a[ab]{100}c"}))
+        .collect();
+    let slow = json!({"match": {"kinds": ["Pod"]}, "conditions": conditions,
+        "mutations": [{"merge": {"metadata": {"labels": {"slow": "done"}}}}]});
+    let names: Vec<String> = (0..8).map(|i| format!("slow-{i}")).collect();
+    for rule in &names {
+        apply_rule(&client, &tenant, rule, &slow)
+            .await
+            .unwrap_or_else(|e| panic!("{rule}: {e}"));
+    }
+    apply_rule(&client, &other, "served", &label_rule("served", "yes"))
+        .await
+        .expect("the other namespace's rule");
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_statuses(&client, &tenant, &refs, Duration::from_secs(60)).await;
+    wait_statuses(&client, &other, &["served"], Duration::from_secs(60)).await;
+    wait_admission_label(&client, &other, "served", "yes").await;
+
+    // 6 KB of a/b with a `c` every 97 bytes (a candidate the search must try) and the one
+    // match at the end.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut blob: String = (0..6_000)
+        .map(|i| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            if i % 97 == 96 {
+                'c'
+            } else if seed % 2 == 0 {
+                'a'
+            } else {
+                'b'
+            }
+        })
+        .collect();
+    blob.push('a');
+    blob.push_str(&"b".repeat(100));
+    blob.push('c');
+
+    // /readyz, every 100 ms, from its own thread.
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = initium.ops;
+    let probe = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut worst = Duration::ZERO;
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let sent = Instant::now();
+                match support::process::http_get(ops, "/readyz") {
+                    Ok((200, _)) => {}
+                    Ok((status, body)) => failures.push(format!("{status} {body}")),
+                    Err(e) => failures.push(e.to_string()),
+                }
+                worst = worst.max(sent.elapsed());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (worst, failures)
+        })
+    };
+
+    // The flood: 8 tenant creates at a time, 40 in all.
+    let tenant_pods = Api::<Pod>::namespaced(client.clone(), &tenant);
+    let flood: Vec<_> = (0..8)
+        .map(|worker| {
+            let (api, blob, tenant) = (tenant_pods.clone(), blob.clone(), tenant.clone());
+            tokio::spawn(async move {
+                let mut answered = 0;
+                for n in 0..5 {
+                    let mut pod = pod(&tenant, &format!("t-{worker}-{n}"));
+                    pod.metadata.annotations =
+                        Some(BTreeMap::from([("blob".to_string(), blob.clone())]));
+                    if api.create(&PostParams::default(), &pod).await.is_ok() {
+                        answered += 1;
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
+    let other_stream = CreateStream::start(&client, &other, "o", 2, 30, Duration::from_secs(120));
+    let mut tenant_created = 0;
+    for worker in flood {
+        tenant_created += worker.await.expect("a tenant worker");
+    }
+    eventually(
+        "the other namespace's creates to be answered",
+        Duration::from_secs(120),
+        || async {
+            let o = other_stream.snapshot().len();
+            if o >= 60 {
+                Ok(())
+            } else {
+                Err(format!("{o} other creates answered"))
+            }
+        },
+    )
+    .await;
+    let other_results = other_stream.finish().await;
+    stop.store(true, Ordering::Relaxed);
+    let (readyz_worst, readyz_failures) = probe.join().expect("the /readyz probe");
+
+    let mut latencies = Vec::new();
+    for c in &other_results {
+        let labels = c
+            .outcome
+            .as_ref()
+            .unwrap_or_else(|e| panic!("Pod {} was not created: {e}", c.name));
+        assert_eq!(
+            labels.get("served").map(String::as_str),
+            Some("yes"),
+            "{} was not mutated",
+            c.name
+        );
+        latencies.push(c.latency);
+    }
+    let worst = latencies.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "faults: slow regexes: {tenant_created} tenant Pods created; {} other creates p50 {:?} p99 {:?} max {worst:?}; /readyz worst {readyz_worst:?}",
+        other_results.len(),
+        quantile(&latencies, 0.5),
+        quantile(&latencies, 0.99)
+    );
+    assert_eq!(
+        tenant_created, 40,
+        "the tenant's Pods are created (its rules are Ignore)"
+    );
+    // Seen: other creates max 76 ms and /readyz 10 ms; with the build before, other Pods
+    // admitted unmutated (the webhook timed out) and /readyz 934 ms.
+    assert!(
+        worst <= OTHERS_SERVED_WITHIN,
+        "another namespace's create took {worst:?}"
+    );
+    assert!(readyz_failures.is_empty(), "/readyz: {readyz_failures:?}");
+    assert!(
+        readyz_worst <= OTHERS_SERVED_WITHIN,
+        "/readyz took {readyz_worst:?}"
+    );
+    assert!(
+        initium.running(),
+        "serve died; see {}",
+        initium.log.display()
+    );
+    within_memory_limit(&initium, "slow regexes");
 }
 
 /// Valid rules of a tenant with many Unicode regular expressions, each within its share,

@@ -7,6 +7,7 @@
 //! controller's duties write.
 
 pub mod audit;
+mod fair;
 pub(crate) mod limits;
 mod mutate;
 mod review;
@@ -51,6 +52,12 @@ const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// TLS handshakes that take longer are dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a review's rules may run on the async runtime before the review is handed to the
+/// blocking pool (and evaluated again there, with the whole budget): ten times what a Pod with
+/// a thousand candidate rules takes (BENCHMARKS.md), short enough that no async worker is held
+/// long.
+const INLINE_SLICE: Duration = Duration::from_millis(2);
 
 /// HTTP/2 pings on idle connections: a peer that stops answering is dropped.
 const HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
@@ -239,15 +246,33 @@ async fn mutate_request(
         Err(reply) => return (reply, record),
     };
     // Parsing and evaluating a Pod takes tens of microseconds, less than handing it to another
-    // thread, so small reviews run right here. Above `inline_body_limit` the work grows with the
-    // object and would hold up other requests on this worker: it goes to the blocking pool, a
-    // few at a time (`--max-blocking-reviews`).
-    if body.len() <= shared.config.inline_body_limit {
-        let reply = mutate::admit(shared, &body, &mut record);
-        return (reply, record);
-    }
+    // thread, so small reviews run right here, for at most INLINE_SLICE. Above
+    // `inline_body_limit`, or when the rules are still running after the slice, the work goes
+    // to the blocking pool, a few reviews at a time (`--max-blocking-reviews`), in turns that
+    // go round the namespaces (`fair`): one tenant's slow rules wait behind each other, not in
+    // front of everyone else's, and never on the threads that serve other requests and
+    // `/readyz`.
+    let namespace = if body.len() <= shared.config.inline_body_limit {
+        let slice = Instant::now() + INLINE_SLICE;
+        match mutate::admit(shared, &body, &mut record, Some(slice)) {
+            mutate::Admitted::Answered(reply) => return (reply, record),
+            mutate::Admitted::OutOfSlice { namespace } => namespace,
+        }
+    } else {
+        let scanned = body.clone();
+        tokio::task::spawn_blocking(move || review::namespace_of(&scanned))
+            .await
+            .unwrap_or_default()
+    };
+    let deadline = record
+        .arrival()
+        .checked_add(shared.config.budget)
+        .unwrap_or(record.arrival());
     let turns = shared.blocking_reviews.clone();
-    match turn(shared, turns, record.arrival()).await {
+    match turns
+        .turn(&namespace, tokio::time::Instant::from_std(deadline))
+        .await
+    {
         Some(turn) => {
             blocking(
                 shared.clone(),
@@ -255,16 +280,17 @@ async fn mutate_request(
                 reservation,
                 turn,
                 record,
-                mutate::admit,
+                mutate::admit_blocking,
             )
             .await
         }
         None => {
             let limit = shared.config.limits.max_blocking_reviews;
             let message = format!(
-                "initium is busy: {limit} large AdmissionReviews are being evaluated \
-                 (--max-blocking-reviews) and this one waited its whole latency budget; \
-                 the API server applies the webhook's failure policy, a client may retry"
+                "initium is busy: {limit} AdmissionReviews that are large or whose rules run long \
+                 are being evaluated (--max-blocking-reviews) and this one waited its whole \
+                 latency budget; the API server applies the webhook's failure policy, a client \
+                 may retry"
             );
             tracing::warn!(bytes = body.len(), "{message}");
             (Reply::Busy(message), record)
@@ -328,7 +354,7 @@ async fn blocking(
     shared: Arc<Shared>,
     body: Bytes,
     reservation: Reservation,
-    turn: OwnedSemaphorePermit,
+    turn: impl Send + 'static,
     mut record: Record,
     work: Work,
 ) -> (Reply, Record) {
@@ -543,12 +569,17 @@ mod tests {
         review["padding"] = serde_json::Value::String("x".repeat(100 * 1024));
         let body = serde_json::to_vec(&review).expect("JSON");
         assert!(body.len() > shared.config.inline_body_limit);
-        let taken = shared
-            .blocking_reviews
-            .clone()
-            .acquire_many_owned(shared.config.limits.max_blocking_reviews as u32)
-            .await
-            .expect("all turns");
+        let later = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut taken = Vec::new();
+        for _ in 0..shared.config.limits.max_blocking_reviews {
+            taken.push(
+                shared
+                    .blocking_reviews
+                    .turn("other", later)
+                    .await
+                    .expect("a turn"),
+            );
+        }
         let (status, text) = post(&shared, "/mutate", body.clone()).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
         assert!(text.contains("--max-blocking-reviews"), "{text}");

@@ -13,15 +13,56 @@ use super::review::{self, AdmissionRequest, AdmissionResponse, OldObject};
 use super::telemetry::{self, Record, Verdict};
 use super::{Reply, answer};
 
+/// What [`admit`] did.
+pub(super) enum Admitted {
+    Answered(Reply),
+    /// The rules did not finish within the inline slice: nothing was recorded or answered;
+    /// the review is to be evaluated again on the blocking pool, in `namespace`'s turn.
+    OutOfSlice {
+        namespace: String,
+    },
+}
+
+/// [`admit`] on the blocking pool, with the whole latency budget.
+pub(super) fn admit_blocking(shared: &Shared, body: &[u8], record: &mut Record) -> Reply {
+    match admit(shared, body, record, None) {
+        Admitted::Answered(reply) => reply,
+        // Without a slice the budget is the only deadline: this is not reached.
+        Admitted::OutOfSlice { .. } => Reply::Internal(
+            "initium could not finish this request within its latency budget; the API server applies the webhook's failure policy".into(),
+        ),
+    }
+}
+
 /// Parses the review, runs the engine and writes the answer; what happened goes in `record`.
 /// Pure CPU work: the caller decides whether it runs on the async runtime or on the blocking
-/// pool, in the request's span either way.
-pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply {
+/// pool, in the request's span either way. With `slice` (on the async runtime), rules that
+/// are still running then stop, nothing is recorded, and the review goes to the blocking pool
+/// ([`Admitted::OutOfSlice`]): a slow tenant rule cannot hold an async worker, and with it the
+/// health endpoints and every other request, for its whole budget.
+pub(super) fn admit(
+    shared: &Shared,
+    body: &[u8],
+    record: &mut Record,
+    slice: Option<std::time::Instant>,
+) -> Admitted {
+    Admitted::Answered(match admit_within(shared, body, record, slice) {
+        Ok(reply) => reply,
+        Err(namespace) => return Admitted::OutOfSlice { namespace },
+    })
+}
+
+fn admit_within(
+    shared: &Shared,
+    body: &[u8],
+    record: &mut Record,
+    slice: Option<std::time::Instant>,
+) -> Result<Reply, String> {
     let mut request = match review::parse(body) {
         Ok(request) => request,
         Err(message) => {
             tracing::warn!(error = %message, "rejected a malformed admission request");
-            return Reply::BadRequest(message);
+            return Ok(Reply::BadRequest(message));
         }
     };
     let span = telemetry::request_span(&request);
@@ -34,7 +75,7 @@ pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply 
             excluded_namespace = namespace,
             "admitted without running rules: the namespace is excluded",
         );
-        return pass(&request, record);
+        return Ok(pass(&request, record));
     }
     let operation = match (request.operation(), request.subresource(), &request.object) {
         (Some(operation), None, Some(_)) => operation,
@@ -49,7 +90,7 @@ pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply 
                     _ => "the request has no object",
                 },
             );
-            return pass(&request, record);
+            return Ok(pass(&request, record));
         }
     };
     let object = request.object.take().unwrap_or_default();
@@ -77,8 +118,19 @@ pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply 
         },
         lookups: Some(&lookups),
     };
-    let deadline = record.arrival().checked_add(shared.config.budget);
-    match index.evaluate_with(&subject, object, deadline, &shared.config.rule_limits) {
+    let budget = record.arrival().checked_add(shared.config.budget);
+    // The slice, when it comes before the budget, is the deadline of this attempt.
+    let sliced = slice.filter(|s| budget.is_none_or(|b| *s < b));
+    let deadline = sliced.or(budget);
+    let evaluated = index.evaluate_with(&subject, object, deadline, &shared.config.rule_limits);
+    let out_of_time = match &evaluated {
+        Ok(outcome) => outcome.budget_exceeded,
+        Err(denial) => denial.budget_exceeded,
+    };
+    if sliced.is_some() && out_of_time {
+        return Err(request.namespace().unwrap_or_default().to_string());
+    }
+    Ok(match evaluated {
         Ok(outcome) => {
             // Audit verdicts of real requests are tallied for the rules' Events and counted;
             // a dry run (`kubectl apply --dry-run=server`) only gets the warnings.
@@ -101,7 +153,7 @@ pub(super) fn admit(shared: &Shared, body: &[u8], record: &mut Record) -> Reply 
             mutated(&request, outcome, record)
         }
         Err(denial) => denied(&request, denial, record),
-    }
+    })
 }
 
 /// `Pod shop/web` (or `Pod shop/web-*` for a name the API server has yet to generate): the

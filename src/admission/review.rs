@@ -30,6 +30,26 @@ struct ReviewIn {
     request: Option<AdmissionRequest>,
 }
 
+/// The namespace a review is for (`""` for a cluster-scoped object, or a body that is not a
+/// review), read without keeping the object: what decides whose queue a review waits in
+/// ([`super::fair`]) before it is parsed on the blocking pool.
+pub(super) fn namespace_of(body: &[u8]) -> String {
+    #[derive(Deserialize)]
+    struct Outer {
+        request: Option<Inner>,
+    }
+    #[derive(Deserialize)]
+    struct Inner {
+        #[serde(default)]
+        namespace: Option<String>,
+    }
+    serde_json::from_slice::<Outer>(body)
+        .ok()
+        .and_then(|o| o.request)
+        .and_then(|r| r.namespace)
+        .unwrap_or_default()
+}
+
 /// `request` of an AdmissionReview.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -72,8 +72,9 @@ pub struct Shared {
     pub(crate) inflight: Arc<InflightBytes>,
     /// Turns to compile a rule on `/validate`.
     pub(crate) validations: Arc<Semaphore>,
-    /// Turns to evaluate a large review on the blocking pool.
-    pub(crate) blocking_reviews: Arc<Semaphore>,
+    /// Turns to evaluate a review on the blocking pool (large, or out of its inline slice),
+    /// handed out round-robin across namespaces.
+    pub(crate) blocking_reviews: Arc<super::fair::FairTurns>,
     /// Which label values the metrics may use, for the index it was built from.
     labels: ArcSwap<LabelView>,
     /// What `mode: Audit` rules would have done since the `audit` duty last reported it.
@@ -135,7 +136,7 @@ impl Shared {
             metrics: Metrics::default(),
             inflight: InflightBytes::new(limits.max_inflight_bytes),
             validations: Arc::new(Semaphore::new(limits.max_concurrent_validations)),
-            blocking_reviews: Arc::new(Semaphore::new(limits.max_blocking_reviews)),
+            blocking_reviews: super::fair::FairTurns::new(limits.max_blocking_reviews),
             labels: ArcSwap::from_pointee(LabelView::default()),
             audit: super::audit::AuditTally::default(),
             config,

@@ -422,12 +422,11 @@ mod tests {
         counted_once(&shared, post("/mutate", not_a_review), bad, unknown).await;
         let values = format!("[{}0]", "0,".repeat(40_000));
         counted_once(&shared, post("/mutate", values), too_large, unknown).await;
-        let turns = shared.config.limits.max_blocking_reviews as u32;
-        let taken = shared
-            .blocking_reviews
-            .clone()
-            .acquire_many_owned(turns)
-            .await;
+        let later = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut taken = Vec::new();
+        for _ in 0..shared.config.limits.max_blocking_reviews {
+            taken.push(shared.blocking_reviews.turn("held", later).await);
+        }
         counted_once(&shared, post("/mutate", large(pod)), busy, unknown).await;
         drop(taken);
 

@@ -306,15 +306,8 @@ impl CompiledRule {
 
     /// `matches`, with anything unexpected inside (a bug, here or in a library) turned into
     /// an error of this rule instead of taking the process down.
-    pub(crate) fn matches_guarded(
-        &self,
-        subject: &Subject,
-        object: &Value,
-    ) -> Result<bool, MatchError> {
-        self.matches_guarded_until(subject, object, None)
-    }
-
-    fn matches_guarded_until(
+    /// Out of time ([`MatchError::OutOfTime`]) when `deadline` passes before a condition.
+    pub(crate) fn matches_guarded_until(
         &self,
         subject: &Subject,
         object: &Value,

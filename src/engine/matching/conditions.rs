@@ -261,7 +261,7 @@ impl Conditions {
         self.hold_prepared_until(value, prepared, None)
     }
 
-    /// [`Conditions::hold`], looking at the clock before every condition after the first: each
+    /// [`Conditions::hold`], looking at the clock before every condition: each
     /// condition's work is bounded (queries and searches are charged before they run), and
     /// the latency budget bounds them all.
     pub(crate) fn hold_until(
@@ -279,7 +279,7 @@ impl Conditions {
         deadline: Option<Instant>,
     ) -> Result<bool, MatchError> {
         for (index, c) in self.0.iter().enumerate() {
-            if index > 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(MatchError::OutOfTime);
             }
             let set = prepared.sets.get(index).and_then(Option::as_ref);
