@@ -1311,7 +1311,7 @@ async fn a_tenants_slow_regexes_leave_other_namespaces_served_and_readyz_answeri
             seed ^= seed << 17;
             if i % 97 == 96 {
                 'c'
-            } else if seed % 2 == 0 {
+            } else if seed.is_multiple_of(2) {
                 'a'
             } else {
                 'b'
