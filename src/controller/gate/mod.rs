@@ -302,6 +302,10 @@ impl Duty for Gates {
                 .metrics
                 .gated_pods
                 .set(i64::try_from(run.waiting.waiting()).unwrap_or(i64::MAX));
+            run.shared
+                .metrics
+                .gate_objects
+                .set(i64::try_from(run.world.objects()).unwrap_or(i64::MAX));
             if leader.is_leader() {
                 run.dispatch();
             }

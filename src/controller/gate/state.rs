@@ -311,6 +311,11 @@ impl World {
         self.jobs_succeeded = memory;
     }
 
+    /// How many objects are kept for `object` dependencies.
+    pub(crate) fn objects(&self) -> usize {
+        self.objects.values().map(|store| store.items.len()).sum()
+    }
+
     /// Records whether an object kind is namespaced (from discovery).
     pub(crate) fn set_namespaced(&mut self, kind: &ObjectKind, namespaced: bool) {
         self.objects.entry(kind.clone()).or_default().namespaced = Some(namespaced);
