@@ -83,7 +83,7 @@ impl Watches {
         for kind in &stopped {
             if let Some((_, handle)) = self.running.remove(kind) {
                 handle.abort();
-                tracing::info!(duty = "gates", kind = %kind, "no waiting Pod needs this kind any more: its watch stopped");
+                tracing::info!(duty = "gates", kind = %kind, "no waiting Pod needs this watch any more: stopped");
             }
         }
         for kind in needed {
@@ -99,7 +99,7 @@ impl Watches {
                 self.tx.clone(),
                 self.context.clone(),
             ));
-            tracing::info!(duty = "gates", kind = %kind, "a waiting Pod needs this kind: watching it");
+            tracing::info!(duty = "gates", kind = %kind, "a waiting Pod needs this watch: started");
             self.running
                 .insert(kind.clone(), (generation, task.abort_handle()));
         }
