@@ -1052,3 +1052,82 @@ async fn an_object_dependency_keeps_only_the_object_it_names() {
     })
     .await;
 }
+
+/// Issue 30, finding 4, at run time: a MutationRule waits on a custom kind not served yet
+/// (nothing can tell its scope), and the kind is then installed cluster-scoped with an object
+/// that satisfies the gate. The held Pod must not be released on that object: the rule turns
+/// not Ready (released as `GateRuleGone`), never `GateReleased`.
+#[tokio::test]
+async fn a_kind_installed_cluster_scoped_while_pods_wait_never_releases_them_on_it() {
+    let (_serial, client) = start().await;
+    let _serving = Serving::start();
+    let ns = workloads::namespace(&client, "gate-late-kind").await;
+    let rule = gate_rule(
+        &ns,
+        "late",
+        "[{object: {apiVersion: gates.example.com/v1, kind: Safe, name: main, conditions: [{path: '$.status.phase', equals: Ready}]}}]",
+        "",
+    );
+    hold_one_pod(&client, &ns, "late", &rule).await;
+    let pod = name(&workloads::pods(&client, &ns, "wait=late").await.unwrap()[0]);
+    let crd = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: safes.gates.example.com}
+spec:
+  group: gates.example.com
+  scope: Cluster
+  names: {plural: safes, singular: safe, kind: Safe}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+    cluster().apply(crd).unwrap_or_else(|e| panic!("{e:#}"));
+    cluster()
+        .wait_condition("crd", "safes.gates.example.com", "Established", WAIT)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    cluster()
+        .apply("apiVersion: gates.example.com/v1\nkind: Safe\nmetadata: {name: main}\nstatus: {phase: Ready}\n")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    pods_released(&client, &ns, "wait=late", 1).await;
+    // Why it was released: the Event that comes with the release.
+    let released = eventually("the release's Event", WAIT, || async {
+        let released = events(&client, &ns, &pod, "GateReleased").await;
+        let gone = events(&client, &ns, &pod, "GateRuleGone").await;
+        if released.is_empty() && gone.is_empty() {
+            Err("none yet".to_owned())
+        } else {
+            Ok(released)
+        }
+    })
+    .await;
+    assert!(
+        released.is_empty(),
+        "released on the cluster-scoped object: {:?}",
+        released.iter().map(|e| e.note.clone()).collect::<Vec<_>>()
+    );
+    let (reason, message) = not_ready(&client, &ns, "late").await;
+    assert!(
+        reason == "KindNotAllowed"
+            && message.contains(
+                "spec.gate.waitFor[0].object.kind: Safe (gates.example.com/v1) is cluster-scoped"
+            ),
+        "{reason}: {message}"
+    );
+    let gone = eventually("the GateRuleGone Event", WAIT, || async {
+        let gone = events(&client, &ns, &pod, "GateRuleGone").await;
+        if gone.is_empty() {
+            Err("none yet".to_owned())
+        } else {
+            Ok(gone.len())
+        }
+    })
+    .await;
+    assert!(
+        events(&client, &ns, &pod, "GateReleased").await.is_empty(),
+        "released on the cluster-scoped object"
+    );
+    eprintln!("gates: a kind installed cluster-scoped: {gone} GateRuleGone, 0 GateReleased");
+}
