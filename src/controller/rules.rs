@@ -39,7 +39,8 @@ pub enum Verdict {
     /// A pattern in `match.kinds` matches no kind the API server serves.
     KindNotServed(String),
     /// A pattern in `match.kinds` matches only kinds initium never intercepts (or, for a
-    /// MutationRule, only cluster-scoped kinds).
+    /// MutationRule, only cluster-scoped kinds), or a MutationRule's gate waits on an object
+    /// of a cluster-scoped kind.
     KindNotAllowed(String),
 }
 
