@@ -592,7 +592,8 @@ pub struct Dependency {
     /// this rule holds (they would wait on themselves).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods: Option<PodsRef>,
-    /// Any object (any kind the API server serves) whose conditions hold.
+    /// Any object (any kind the API server serves) whose conditions hold. A MutationRule may
+    /// only name a namespaced object of its own namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<ObjectRef>,
     /// A DaemonSet with at least one Ready Pod. On release, the Pod's required node affinity

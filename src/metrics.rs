@@ -179,6 +179,8 @@ pub struct Metrics {
     // The gate controller.
     /// Pods waiting on an initium gate now (every replica counts them).
     pub gated_pods: Gauge,
+    /// Objects kept in memory for the `object` dependencies of waiting Pods.
+    pub gate_objects: Gauge,
     /// Pod created → its gates removed (one observation per release write).
     pub gate_wait: Histogram,
     /// The watch event that made the last dependency ready → the release written.
@@ -268,6 +270,7 @@ impl Default for Metrics {
         );
         // The gate controller.
         let gated_pods = Gauge::default();
+        let gate_objects = Gauge::default();
         let gate_wait = Histogram::new(GATE_WAIT_BUCKETS);
         let gate_release_latency = Histogram::new(GATE_RELEASE_BUCKETS);
         let gate_timeouts = Family::<OnTimeoutLabels, Counter>::default();
@@ -277,6 +280,11 @@ impl Default for Metrics {
             "gated_pods",
             "Pods waiting on an initium scheduling gate now",
             gated_pods.clone(),
+        );
+        registry.register(
+            "gate_dependency_objects",
+            "Objects kept in memory for the object dependencies of waiting Pods",
+            gate_objects.clone(),
         );
         registry.register(
             "gate_wait_seconds",
@@ -317,6 +325,7 @@ impl Default for Metrics {
             duty_restarts,
             certificate_expiry,
             gated_pods,
+            gate_objects,
             gate_wait,
             gate_release_latency,
             gate_timeouts,

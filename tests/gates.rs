@@ -827,3 +827,307 @@ async fn a_mutation_rule_cannot_wait_on_another_namespace() {
     assert!(applied, "{stderr}");
     assert!(stderr.contains("progress deadline"), "{stderr}");
 }
+
+/// The `Ready` condition of MutationRule `ns/name` once its status says it is not Ready:
+/// its reason and message.
+async fn not_ready(client: &kube::Client, ns: &str, name: &str) -> (String, String) {
+    let rules: Api<initium::api::MutationRule> = Api::namespaced(client.clone(), ns);
+    eventually(
+        &format!("MutationRule {ns}/{name} to be judged not Ready"),
+        WAIT,
+        || async {
+            let rule = rules.get(name).await.map_err(|e| e.to_string())?;
+            let status = serde_json::to_value(&rule.status).map_err(|e| e.to_string())?;
+            status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "Ready" && c["status"] == "False")
+                .map(|c| {
+                    (
+                        c["reason"].as_str().unwrap_or_default().to_owned(),
+                        c["message"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .ok_or_else(|| format!("status {status}"))
+        },
+    )
+    .await
+}
+
+/// Issue 30, finding 4: a tenant's MutationRule gated on a cluster-scoped object (a Namespace
+/// with a label, a ClusterMutationRule, a cluster-scoped custom resource) would learn, from
+/// whether its Pod is released, what initium reads there with its own permissions.
+#[tokio::test]
+async fn a_mutation_rule_cannot_wait_on_a_cluster_scoped_object() {
+    let (_serial, client) = start().await;
+    let ns = workloads::namespace(&client, "gate-oracle").await;
+    let victim = workloads::namespace(&client, "gate-victim").await;
+    let labelled = cluster()
+        .kubectl()
+        .args(["label", "namespace", &victim, "secret=a"])
+        .output()
+        .unwrap();
+    assert!(labelled.status.success(), "{labelled:?}");
+    // A cluster-scoped custom resource: a kind only discovery knows to be cluster-scoped.
+    let crd = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: vaults.gates.example.com}
+spec:
+  group: gates.example.com
+  scope: Cluster
+  names: {plural: vaults, singular: vault, kind: Vault}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+    cluster().apply(crd).unwrap_or_else(|e| panic!("{e:#}"));
+    cluster()
+        .wait_condition("crd", "vaults.gates.example.com", "Established", WAIT)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    cluster()
+        .apply("apiVersion: gates.example.com/v1\nkind: Vault\nmetadata: {name: main}\nstatus: {phase: Ready}\n")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let waits = [
+        (
+            "peek-ns",
+            format!(
+                "[{{object: {{apiVersion: v1, kind: Namespace, name: {victim}, conditions: [{{path: '$.metadata.labels.secret', equals: a}}]}}}}]"
+            ),
+            "Namespace (v1) is cluster-scoped",
+        ),
+        (
+            "peek-cmr",
+            "[{object: {apiVersion: initium.dev/v1alpha1, kind: ClusterMutationRule, name: anything}}]".to_owned(),
+            "ClusterMutationRule (initium.dev/v1alpha1) is cluster-scoped",
+        ),
+        (
+            "peek-vault",
+            "[{object: {apiVersion: gates.example.com/v1, kind: Vault, name: main, conditions: [{path: '$.status.phase', equals: Ready}]}}]".to_owned(),
+            "Vault (gates.example.com/v1) is cluster-scoped",
+        ),
+    ];
+    // Created while initium is not validating (no webhook configuration yet): stored as is.
+    for (name, wait_for, _) in &waits {
+        cluster()
+            .apply(&gate_rule(&ns, name, wait_for, ""))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+    let _serving = Serving::start();
+    // With initium validating, the well-known kinds are refused at `kubectl apply`, naming
+    // the field; the custom kind only discovery knows is accepted (and judged below).
+    for (name, wait_for, says) in &waits {
+        let (applied, stderr) = kubectl_apply(&gate_rule(&ns, &format!("{name}-2"), wait_for, ""));
+        if *name == "peek-vault" {
+            assert!(applied, "{stderr}");
+            continue;
+        }
+        assert!(!applied, "{name} applied: {stderr}");
+        assert!(
+            stderr.contains("spec.gate.waitFor[0].object.kind")
+                && stderr.contains(says)
+                && stderr.contains("use a ClusterMutationRule"),
+            "{stderr}"
+        );
+    }
+    // Every such rule is not Ready, its status naming the field; so it holds no Pod, and no
+    // Pod's release can tell what the object says.
+    for (name, _, says) in &waits {
+        for rule in [name.to_string(), format!("{name}-2")] {
+            if rule.ends_with("-2") && *name != "peek-vault" {
+                continue;
+            }
+            let (reason, message) = not_ready(&client, &ns, &rule).await;
+            assert!(
+                message.contains("spec.gate.waitFor[0].object.kind") && message.contains(says),
+                "{rule}: {reason}: {message}"
+            );
+            let pod = create_pod(&client, &ns, &rule, json!({})).await;
+            assert!(
+                !gates(&pod).iter().any(|g| g.starts_with("initium.dev/")),
+                "{rule} gated a Pod: {:?}",
+                gates(&pod)
+            );
+        }
+    }
+}
+
+/// Issue 30, finding 5: an `object` dependency on one ConfigMap made initium list, watch and
+/// keep every ConfigMap of the cluster.
+#[tokio::test]
+async fn an_object_dependency_keeps_only_the_object_it_names() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use support::measure::mib;
+
+    let (_serial, client) = start().await;
+    let serving = Serving::start();
+    let ns = workloads::namespace(&client, "gate-scope").await;
+    let other = workloads::namespace(&client, "gate-scope-other").await;
+    // Another tenant's ConfigMaps: 200 of 50 KiB.
+    let filler = "x".repeat(50 * 1024);
+    let others: Api<ConfigMap> = Api::namespaced(client.clone(), &other);
+    let created: Vec<_> = futures::stream::iter(0..200)
+        .map(|i| {
+            let others = others.clone();
+            let config: ConfigMap = serde_json::from_value(json!({
+                "metadata": {"name": format!("other-{i}")},
+                "data": {"filler": filler},
+            }))
+            .unwrap();
+            async move { others.create(&PostParams::default(), &config).await }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    assert!(
+        created.iter().all(Result::is_ok),
+        "creating ConfigMaps failed"
+    );
+    let settings: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let config: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "settings"}, "data": {"ready": "no"},
+    }))
+    .unwrap();
+    settings
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    let before = serving.initium.memory().unwrap();
+    assert_eq!(metric(&serving, "initium_gate_dependency_objects"), 0.0);
+
+    let rule = gate_rule(
+        &ns,
+        "settings",
+        "[{object: {apiVersion: v1, kind: ConfigMap, name: settings, conditions: [{path: '$.data.ready', equals: 'yes'}]}}]",
+        "",
+    );
+    hold_one_pod(&client, &ns, "settings", &rule).await;
+    eventually(
+        "initium to keep the ConfigMap the gate names",
+        WAIT,
+        || async {
+            let kept = metric(&serving, "initium_gate_dependency_objects");
+            if kept >= 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{kept} objects kept"))
+            }
+        },
+    )
+    .await;
+    // Whatever a cluster-wide list would bring has come by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept = metric(&serving, "initium_gate_dependency_objects");
+    let after = serving.initium.memory().unwrap();
+    eprintln!(
+        "gates: an object dependency on one ConfigMap beside 200 x 50 KiB others: {kept} objects kept; initium RSS {:.1} -> {:.1} MiB, peak {:.1} MiB",
+        mib(before.rss_kib),
+        mib(after.rss_kib),
+        mib(after.peak_kib)
+    );
+    assert_eq!(kept, 1.0, "initium keeps objects the gate does not name");
+    still_held_after(&client, &ns, "wait=settings", Duration::from_secs(1)).await;
+
+    // The named ConfigMap becomes ready: the Pod is released and nothing is kept any more.
+    settings
+        .patch(
+            "settings",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"ready": "yes"}})),
+        )
+        .await
+        .unwrap();
+    pods_released(&client, &ns, "wait=settings", 1).await;
+    eventually("no object kept once no Pod waits", WAIT, || async {
+        let kept = metric(&serving, "initium_gate_dependency_objects");
+        if kept == 0.0 {
+            Ok(())
+        } else {
+            Err(format!("{kept} objects kept"))
+        }
+    })
+    .await;
+}
+
+/// Issue 30, finding 4, at run time: a MutationRule waits on a custom kind not served yet
+/// (nothing can tell its scope), and the kind is then installed cluster-scoped with an object
+/// that satisfies the gate. The held Pod must not be released on that object: the rule turns
+/// not Ready (released as `GateRuleGone`), never `GateReleased`.
+#[tokio::test]
+async fn a_kind_installed_cluster_scoped_while_pods_wait_never_releases_them_on_it() {
+    let (_serial, client) = start().await;
+    let _serving = Serving::start();
+    let ns = workloads::namespace(&client, "gate-late-kind").await;
+    let rule = gate_rule(
+        &ns,
+        "late",
+        "[{object: {apiVersion: gates.example.com/v1, kind: Safe, name: main, conditions: [{path: '$.status.phase', equals: Ready}]}}]",
+        "",
+    );
+    hold_one_pod(&client, &ns, "late", &rule).await;
+    let pod = name(&workloads::pods(&client, &ns, "wait=late").await.unwrap()[0]);
+    let crd = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: safes.gates.example.com}
+spec:
+  group: gates.example.com
+  scope: Cluster
+  names: {plural: safes, singular: safe, kind: Safe}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+    cluster().apply(crd).unwrap_or_else(|e| panic!("{e:#}"));
+    cluster()
+        .wait_condition("crd", "safes.gates.example.com", "Established", WAIT)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    cluster()
+        .apply("apiVersion: gates.example.com/v1\nkind: Safe\nmetadata: {name: main}\nstatus: {phase: Ready}\n")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    pods_released(&client, &ns, "wait=late", 1).await;
+    // Why it was released: the Event that comes with the release.
+    let released = eventually("the release's Event", WAIT, || async {
+        let released = events(&client, &ns, &pod, "GateReleased").await;
+        let gone = events(&client, &ns, &pod, "GateRuleGone").await;
+        if released.is_empty() && gone.is_empty() {
+            Err("none yet".to_owned())
+        } else {
+            Ok(released)
+        }
+    })
+    .await;
+    assert!(
+        released.is_empty(),
+        "released on the cluster-scoped object: {:?}",
+        released.iter().map(|e| e.note.clone()).collect::<Vec<_>>()
+    );
+    let (reason, message) = not_ready(&client, &ns, "late").await;
+    assert!(
+        reason == "KindNotAllowed"
+            && message.contains(
+                "spec.gate.waitFor[0].object.kind: Safe (gates.example.com/v1) is cluster-scoped"
+            ),
+        "{reason}: {message}"
+    );
+    let gone = eventually("the GateRuleGone Event", WAIT, || async {
+        let gone = events(&client, &ns, &pod, "GateRuleGone").await;
+        if gone.is_empty() {
+            Err("none yet".to_owned())
+        } else {
+            Ok(gone.len())
+        }
+    })
+    .await;
+    assert!(
+        events(&client, &ns, &pod, "GateReleased").await.is_empty(),
+        "released on the cluster-scoped object"
+    );
+    eprintln!("gates: a kind installed cluster-scoped: {gone} GateRuleGone, 0 GateReleased");
+}

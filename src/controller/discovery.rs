@@ -166,6 +166,15 @@ impl Served {
         self.resources.iter().filter(|r| pattern.matches(&r.gvk))
     }
 
+    /// Whether `gvk` is served namespaced (`Some(true)`), cluster-scoped (`Some(false)`), or
+    /// not at all (`None`).
+    pub fn namespaced(&self, gvk: &Gvk) -> Option<bool> {
+        self.resources
+            .iter()
+            .find(|r| r.gvk == *gvk)
+            .map(|r| r.namespaced)
+    }
+
     /// The versions in which `group`/`kind` is served (for "did you mean" messages).
     pub fn versions_of(&self, group: Option<&str>, kind: &str) -> BTreeSet<String> {
         self.resources

@@ -25,7 +25,9 @@ use super::webhooks::{Inputs, RuleNeeds};
 use super::{ControllerError, Readiness, json_hash};
 use crate::admission::state::Shared;
 use crate::api::{ClusterMutationRule, MutationRule, RuleSpec, RuleStatus};
-use crate::engine::{CompiledRule, RuleErrors, RuleId, RuleIndex, compile};
+use crate::engine::{
+    CompiledRule, Dependency, Gvk, RuleErrors, RuleId, RuleIndex, cluster_scoped_message, compile,
+};
 
 /// Why a rule is (not) Ready; becomes its `Ready` condition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,7 +39,8 @@ pub enum Verdict {
     /// A pattern in `match.kinds` matches no kind the API server serves.
     KindNotServed(String),
     /// A pattern in `match.kinds` matches only kinds initium never intercepts (or, for a
-    /// MutationRule, only cluster-scoped kinds).
+    /// MutationRule, only cluster-scoped kinds), or a MutationRule's gate waits on an object
+    /// of a cluster-scoped kind.
     KindNotAllowed(String),
 }
 
@@ -99,6 +102,28 @@ pub fn verdict(
             ),
         };
         not_allowed.push(message);
+    }
+    // A MutationRule may wait only on namespaced objects of its own namespace: the gate
+    // controller would judge a cluster-scoped one with initium's permissions, for the tenant.
+    // Well-known kinds are refused when the rule compiles; custom ones are found here.
+    if let Some(namespace) = id.namespace.as_deref() {
+        for (i, dependency) in rule
+            .gate()
+            .iter()
+            .flat_map(|g| g.wait_for.iter())
+            .enumerate()
+        {
+            if let Dependency::Object {
+                api_version, kind, ..
+            } = dependency
+                && served.namespaced(&Gvk::from_api_version(api_version, kind)) == Some(false)
+            {
+                not_allowed.push(format!(
+                    "spec.gate.waitFor[{i}].object.kind: {}",
+                    cluster_scoped_message(api_version, kind, namespace)
+                ));
+            }
+        }
     }
     if !not_served.is_empty() {
         not_served.extend(not_allowed);
@@ -799,6 +824,39 @@ mod tests {
         // `*` in a MutationRule still has namespaced kinds to work on.
         assert_eq!(
             verdict_of(RuleId::namespaced("ns", "r"), &spec(&["*"])),
+            Verdict::Ready
+        );
+    }
+
+    #[test]
+    fn a_mutation_rule_waiting_on_a_served_cluster_scoped_kind_is_not_allowed() {
+        let gated = |object: serde_json::Value| -> RuleSpec {
+            serde_json::from_value(serde_json::json!({
+                "match": {"kinds": ["Pod"]},
+                "gate": {"waitFor": [{"service": {"name": "db"}}, {"object": object}]},
+            }))
+            .unwrap()
+        };
+        // A custom resource (no well-known kind: only discovery knows it is cluster-scoped).
+        let widget = gated(
+            serde_json::json!({"apiVersion": "example.com/v1", "kind": "Widget", "name": "w"}),
+        );
+        let Verdict::KindNotAllowed(m) = verdict_of(RuleId::namespaced("ns", "r"), &widget) else {
+            panic!("expected KindNotAllowed");
+        };
+        assert_eq!(
+            m,
+            "spec.gate.waitFor[1].object.kind: Widget (example.com/v1) is cluster-scoped, and a \
+             MutationRule may only wait on namespaced objects of its own namespace (ns) because \
+             initium reads them with its own permissions; wait on an object in ns, or use a \
+             ClusterMutationRule (written by a cluster administrator)"
+        );
+        // The same gate in a ClusterMutationRule, and a namespaced kind in a MutationRule.
+        assert_eq!(verdict_of(RuleId::cluster("r"), &widget), Verdict::Ready);
+        let config =
+            gated(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "c"}));
+        assert_eq!(
+            verdict_of(RuleId::namespaced("ns", "r"), &config),
             Verdict::Ready
         );
     }

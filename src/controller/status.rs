@@ -5,7 +5,7 @@
 //! | True  | `Compiled`       | compiled, every kind served: in the index, and the stored webhook configuration sends its objects to initium |
 //! | False | `InvalidRule`    | does not compile; the message lists every error by field path |
 //! | False | `KindNotServed`  | a pattern in `match.kinds` matches no served kind            |
-//! | False | `KindNotAllowed` | a pattern matches only kinds initium never intercepts        |
+//! | False | `KindNotAllowed` | a pattern matches only kinds initium never intercepts, or a MutationRule's gate waits on a cluster-scoped object |
 //!
 //! A rule that cannot become Ready until its spec changes (`InvalidRule`, `KindNotAllowed`)
 //! also gets `Stalled=True` with the same reason and message: kstatus (Flux's health checks,

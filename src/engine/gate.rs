@@ -292,6 +292,14 @@ pub(crate) fn compile(
                     "give the object's apiVersion and kind",
                 );
             }
+            if let Some(own_ns) = id.namespace.as_deref()
+                && is_cluster_scoped(&o.api_version, &o.kind)
+            {
+                errors.push(
+                    format!("{at}.object.kind"),
+                    cluster_scoped_message(&o.api_version, &o.kind, own_ns),
+                );
+            }
             let conditions = Conditions::compile_at(
                 &o.conditions,
                 &format!("{at}.object.conditions"),
@@ -318,6 +326,82 @@ pub(crate) fn compile(
         timeout: timeout?,
         on_timeout: gate.on_timeout,
     })
+}
+
+/// Kinds every Kubernetes cluster (and initium) serves cluster-scoped, by API group: a
+/// MutationRule's `object` dependency may not name them. A MutationRule is written by a
+/// namespace's owner, and the gate controller reads with initium's own permissions: a gate on
+/// an object outside the namespace would tell its owner, one release at a time, what the
+/// object says. Kinds not listed here (custom resources) are checked through discovery when
+/// the rule is judged, and by the gate controller before it watches them.
+pub const CLUSTER_SCOPED_KINDS: &[(&str, &[&str])] = &[
+    (
+        "",
+        &["Namespace", "Node", "PersistentVolume", "ComponentStatus"],
+    ),
+    (
+        "admissionregistration.k8s.io",
+        &[
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "MutatingAdmissionPolicy",
+            "MutatingAdmissionPolicyBinding",
+        ],
+    ),
+    ("apiextensions.k8s.io", &["CustomResourceDefinition"]),
+    ("apiregistration.k8s.io", &["APIService"]),
+    (
+        "certificates.k8s.io",
+        &["CertificateSigningRequest", "ClusterTrustBundle"],
+    ),
+    (
+        "flowcontrol.apiserver.k8s.io",
+        &["FlowSchema", "PriorityLevelConfiguration"],
+    ),
+    (api::GROUP, &["ClusterMutationRule"]),
+    ("internal.apiserver.k8s.io", &["StorageVersion"]),
+    (
+        "networking.k8s.io",
+        &["IngressClass", "IPAddress", "ServiceCIDR"],
+    ),
+    ("node.k8s.io", &["RuntimeClass"]),
+    (
+        "rbac.authorization.k8s.io",
+        &["ClusterRole", "ClusterRoleBinding"],
+    ),
+    ("resource.k8s.io", &["DeviceClass", "ResourceSlice"]),
+    ("scheduling.k8s.io", &["PriorityClass"]),
+    (
+        "storage.k8s.io",
+        &[
+            "StorageClass",
+            "CSIDriver",
+            "CSINode",
+            "VolumeAttachment",
+            "VolumeAttributesClass",
+        ],
+    ),
+];
+
+/// Whether `apiVersion`/`kind` is one of the [`CLUSTER_SCOPED_KINDS`].
+pub fn is_cluster_scoped(api_version: &str, kind: &str) -> bool {
+    let group = api_version.split_once('/').map_or("", |(group, _)| group);
+    CLUSTER_SCOPED_KINDS
+        .iter()
+        .any(|(g, kinds)| *g == group && kinds.contains(&kind))
+}
+
+/// Why a MutationRule in `namespace` may not wait on the cluster-scoped `api_version`/`kind`,
+/// and what to do instead (the rule's field path goes before it).
+pub fn cluster_scoped_message(api_version: &str, kind: &str, namespace: &str) -> String {
+    format!(
+        "{kind} ({api_version}) is cluster-scoped, and a MutationRule may only wait on \
+         namespaced objects of its own namespace ({namespace}) because initium reads them with \
+         its own permissions; wait on an object in {namespace}, or use a ClusterMutationRule \
+         (written by a cluster administrator)"
+    )
 }
 
 /// A rule whose own Pods satisfy a `pods` dependency would hold them until the timeout: they
@@ -468,6 +552,89 @@ mod tests {
             assert!(part.chars().last().unwrap().is_ascii_alphanumeric());
         }
         assert_eq!(l1, gate_name(&RuleId::namespaced("payments", &long)));
+    }
+
+    /// The errors of compiling a rule `id` whose gate waits on `object`, one per line.
+    fn object_errors(id: RuleId, object: serde_json::Value) -> String {
+        let spec: api::RuleSpec = serde_json::from_value(serde_json::json!({
+            "match": {"kinds": ["Pod"]},
+            "gate": {"waitFor": [{"service": {"name": "db"}}, {"object": object}]},
+        }))
+        .unwrap();
+        match super::super::compile(id, &spec) {
+            Ok(_) => String::new(),
+            Err(e) => e
+                .errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    #[test]
+    fn a_mutation_rule_may_not_wait_on_a_well_known_cluster_scoped_kind() {
+        for (group, kinds) in CLUSTER_SCOPED_KINDS {
+            for kind in *kinds {
+                let api_version = if group.is_empty() {
+                    "v1".to_string()
+                } else {
+                    format!("{group}/v1")
+                };
+                let object =
+                    serde_json::json!({"apiVersion": api_version, "kind": kind, "name": "x"});
+                let error = object_errors(RuleId::namespaced("team", "peek"), object.clone());
+                assert_eq!(
+                    error,
+                    format!(
+                        "spec.gate.waitFor[1].object.kind: {kind} ({api_version}) is cluster-scoped, \
+                         and a MutationRule may only wait on namespaced objects of its own namespace \
+                         (team) because initium reads them with its own permissions; wait on an \
+                         object in team, or use a ClusterMutationRule (written by a cluster \
+                         administrator)"
+                    )
+                );
+                // Naming its own namespace does not make it namespaced.
+                let mut in_own = object.clone();
+                in_own["namespace"] = "team".into();
+                let error = object_errors(RuleId::namespaced("team", "peek"), in_own);
+                assert!(error.contains(".object.kind: "), "{error}");
+                // A ClusterMutationRule may (its author can read the cluster).
+                assert_eq!(object_errors(RuleId::cluster("peek"), object), "");
+            }
+        }
+    }
+
+    #[test]
+    fn the_cluster_scoped_kinds_the_findings_named_are_refused() {
+        for (api_version, kind) in [
+            ("v1", "Namespace"),
+            ("initium.dev/v1alpha1", "ClusterMutationRule"),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+            (
+                "admissionregistration.k8s.io/v1",
+                "ValidatingAdmissionPolicyBinding",
+            ),
+        ] {
+            assert!(is_cluster_scoped(api_version, kind), "{api_version} {kind}");
+        }
+        // Namespaced kinds, and the same name in another group, are left to discovery.
+        for (api_version, kind) in [
+            ("v1", "ConfigMap"),
+            ("apps/v1", "Deployment"),
+            ("example.com/v1", "Namespace"),
+            ("rbac.authorization.k8s.io/v1", "Role"),
+        ] {
+            assert!(
+                !is_cluster_scoped(api_version, kind),
+                "{api_version} {kind}"
+            );
+        }
+        let own = object_errors(
+            RuleId::namespaced("team", "own"),
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "settings"}),
+        );
+        assert_eq!(own, "");
     }
 
     #[test]

@@ -26,7 +26,8 @@ pub use error::{ApplyError, FieldError, IdentityChange, InternalError, RuleError
 pub use evaluate::{Audited, Denial, Outcome, Verdict};
 pub use explain::{Step, StepResult};
 pub use gate::{
-    CompiledGate, DEFAULT_GATE_TIMEOUT, DEPLOYMENT_PROGRESS_DEADLINE, Dependency, Target, gate_name,
+    CLUSTER_SCOPED_KINDS, CompiledGate, DEFAULT_GATE_TIMEOUT, DEPLOYMENT_PROGRESS_DEADLINE,
+    Dependency, Target, cluster_scoped_message, gate_name, is_cluster_scoped,
 };
 pub use index::RuleIndex;
 pub use journal::PatchOp;

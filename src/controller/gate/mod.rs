@@ -4,9 +4,12 @@
 //! **Watches only.** One watch of the gated Pods (label `initium.dev/gated`), keeping slim
 //! facts per Pod ([`state::GatedPod`]), and one watch per dependency kind some waiting Pod
 //! needs now ([`watch`]): EndpointSlices (`service`), Jobs (`job`), Pods (`pods`, and the
-//! Pods of a `daemonSet`), DaemonSets (`daemonSet`), and one per apiVersion/kind of `object`
-//! dependencies (resolved through discovery). A kind's watch starts when the first waiting
-//! Pod needs it and stops when the last one is released. A reverse index (dependency →
+//! Pods of a `daemonSet`), DaemonSets (`daemonSet`), and one per object an `object`
+//! dependency names (its kind resolved through discovery; field selector `metadata.name`, in
+//! the object's namespace when the kind is namespaced, so only named objects are kept). A
+//! MutationRule's `object` dependency on a kind discovery finds cluster-scoped is never
+//! watched nor judged (see [`state::ObjectRef`]). A watch starts when the first waiting Pod
+//! needs it and stops when the last one is released. A reverse index (dependency →
 //! Pods) makes a change re-judge only the Pods waiting on it; a change of the rule index
 //! re-judges every Pod by the rules' current specs. Timeouts are one timer on the earliest
 //! deadline. Nothing is read per Pod, except the one Pod a 409 tells is stale.
@@ -272,8 +275,9 @@ impl Duty for Gates {
                 }
                 match update.event {
                     KindEvent::Namespaced(namespaced) => {
-                        if let state::WatchKind::Object(kind) = &update.kind {
-                            run.world.set_namespaced(kind, namespaced);
+                        if let state::WatchKind::Object(object) = &update.kind {
+                            let key = run.world.set_namespaced(object, namespaced);
+                            dirty.extend(run.waiting.affected([&key]));
                         }
                     }
                     KindEvent::Update(u) => {
@@ -302,6 +306,10 @@ impl Duty for Gates {
                 .metrics
                 .gated_pods
                 .set(i64::try_from(run.waiting.waiting()).unwrap_or(i64::MAX));
+            run.shared
+                .metrics
+                .gate_objects
+                .set(i64::try_from(run.world.objects()).unwrap_or(i64::MAX));
             if leader.is_leader() {
                 run.dispatch();
             }

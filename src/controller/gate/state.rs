@@ -22,7 +22,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
 use crate::api::{GATE_PREFIX, GATED_LABEL, OnTimeout};
-use crate::engine::{CompiledGate, Dependency, RuleId, RuleIndex};
+use crate::engine::{CompiledGate, Dependency, RuleId, RuleIndex, Target};
 
 /// A Pod, by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -95,8 +95,8 @@ pub(crate) enum WatchKind {
     Jobs,
     Pods,
     DaemonSets,
-    /// The kind of an `object` dependency.
-    Object(ObjectKind),
+    /// The one object an `object` dependency names.
+    Object(ObjectRef),
 }
 
 impl std::fmt::Display for WatchKind {
@@ -106,7 +106,7 @@ impl std::fmt::Display for WatchKind {
             WatchKind::Jobs => f.write_str("Jobs"),
             WatchKind::Pods => f.write_str("Pods"),
             WatchKind::DaemonSets => f.write_str("DaemonSets"),
-            WatchKind::Object(k) => write!(f, "{} {}", k.api_version, k.kind),
+            WatchKind::Object(r) => write!(f, "{r}"),
         }
     }
 }
@@ -116,6 +116,72 @@ impl std::fmt::Display for WatchKind {
 pub(crate) struct ObjectKind {
     pub api_version: String,
     pub kind: String,
+}
+
+/// The object an `object` dependency names, as the watch that feeds it sees it: the watch
+/// lists this one object (field selector `metadata.name`), in `namespace` when the kind is
+/// namespaced, so what initium keeps is what the rules name, whatever else the cluster holds.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct ObjectRef {
+    pub kind: ObjectKind,
+    /// The dependency's namespace (the waiting Pod's when the rule names none); not used when
+    /// discovery finds the kind cluster-scoped.
+    pub namespace: String,
+    pub name: String,
+    /// Named by a MutationRule: only a namespaced object of `namespace` may satisfy it. A
+    /// cluster-scoped kind is then never watched nor judged (initium would read it with its
+    /// own permissions for the namespace's owner).
+    pub own_namespace: bool,
+}
+
+impl ObjectRef {
+    /// The object `dep` names for a Pod in `pod_namespace`, by a gate of `rule`; `None` for
+    /// the other kinds of dependency.
+    pub(crate) fn of(dep: &Dependency, pod_namespace: &str, rule: &RuleId) -> Option<ObjectRef> {
+        match dep {
+            Dependency::Object {
+                api_version,
+                kind,
+                target,
+                ..
+            } => Some(ObjectRef::new(
+                api_version,
+                kind,
+                target,
+                pod_namespace,
+                rule,
+            )),
+            _ => None,
+        }
+    }
+
+    fn new(
+        api_version: &str,
+        kind: &str,
+        target: &Target,
+        pod_namespace: &str,
+        rule: &RuleId,
+    ) -> ObjectRef {
+        ObjectRef {
+            kind: ObjectKind {
+                api_version: api_version.to_string(),
+                kind: kind.to_string(),
+            },
+            namespace: target.namespace(pod_namespace).to_string(),
+            name: target.name.clone(),
+            own_namespace: rule.namespace.is_some(),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} {} (namespace {}, if namespaced)",
+            self.kind.api_version, self.kind.kind, self.name, self.namespace
+        )
+    }
 }
 
 /// What a dependency is about, for the reverse index: a change of the facts under one key
@@ -138,15 +204,13 @@ pub(crate) enum DepKey {
         namespace: String,
         name: String,
     },
-    /// An object by kind and name (namespace left out: cluster-scoped objects have none).
-    Object {
-        kind: ObjectKind,
-        name: String,
-    },
+    /// The one object an `object` dependency names.
+    Object(ObjectRef),
 }
 
 impl DepKey {
-    pub(crate) fn of(dep: &Dependency, pod_namespace: &str) -> DepKey {
+    /// What `dep` of a gate of `rule` is about, for a Pod in `pod_namespace`.
+    pub(crate) fn of(dep: &Dependency, pod_namespace: &str, rule: &RuleId) -> DepKey {
         let namespace = dep.namespace(pod_namespace).to_string();
         match dep {
             Dependency::Service(t) => DepKey::Service {
@@ -167,13 +231,13 @@ impl DepKey {
                 kind,
                 target,
                 ..
-            } => DepKey::Object {
-                kind: ObjectKind {
-                    api_version: api_version.clone(),
-                    kind: kind.clone(),
-                },
-                name: target.name.clone(),
-            },
+            } => DepKey::Object(ObjectRef::new(
+                api_version,
+                kind,
+                target,
+                pod_namespace,
+                rule,
+            )),
         }
     }
 
@@ -184,7 +248,7 @@ impl DepKey {
             DepKey::Job { .. } => vec![WatchKind::Jobs],
             DepKey::Pods { .. } => vec![WatchKind::Pods],
             DepKey::DaemonSet { .. } => vec![WatchKind::DaemonSets, WatchKind::Pods],
-            DepKey::Object { kind, .. } => vec![WatchKind::Object(kind.clone())],
+            DepKey::Object(object) => vec![WatchKind::Object(object.clone())],
         }
     }
 }
@@ -265,16 +329,18 @@ pub(crate) struct World {
     /// Ready Pods per namespace, by name.
     pods: HashMap<String, HashMap<String, ReadyPod>>,
     daemon_sets: HashMap<Named, String>,
-    objects: HashMap<ObjectKind, ObjectStore>,
+    /// The object each `object` watch lists (at most one: it selects by name).
+    objects: HashMap<ObjectRef, ObjectStore>,
     /// Facts of a relist in progress, per kind.
     relisting: HashMap<WatchKind, Vec<Fact>>,
 }
 
 #[derive(Debug, Default)]
 struct ObjectStore {
-    /// `Some(false)` for a cluster-scoped kind (objects kept under the namespace "").
+    /// Whether discovery found the kind namespaced (`None`: not resolved yet).
     namespaced: Option<bool>,
-    items: HashMap<Named, Arc<Value>>,
+    /// The object, without its managedFields.
+    object: Option<Arc<Value>>,
 }
 
 impl World {
@@ -311,17 +377,37 @@ impl World {
         self.jobs_succeeded = memory;
     }
 
-    /// Records whether an object kind is namespaced (from discovery).
-    pub(crate) fn set_namespaced(&mut self, kind: &ObjectKind, namespaced: bool) {
-        self.objects.entry(kind.clone()).or_default().namespaced = Some(namespaced);
+    /// How many objects are kept for `object` dependencies.
+    pub(crate) fn objects(&self) -> usize {
+        self.objects
+            .values()
+            .filter(|store| store.object.is_some())
+            .count()
+    }
+
+    /// Records whether the kind of `object` is namespaced (from discovery); returns the key
+    /// to judge again.
+    pub(crate) fn set_namespaced(&mut self, object: &ObjectRef, namespaced: bool) -> DepKey {
+        self.objects.entry(object.clone()).or_default().namespaced = Some(namespaced);
+        DepKey::Object(object.clone())
+    }
+
+    /// Whether discovery found that `object`, named by a MutationRule, is of a cluster-scoped
+    /// kind: it is never judged.
+    pub(crate) fn refused(&self, object: &ObjectRef) -> bool {
+        object.own_namespace
+            && self
+                .objects
+                .get(object)
+                .is_some_and(|store| store.namespaced == Some(false))
     }
 
     /// Forgets the facts of a kind whose watch stopped (the memory of succeeded Jobs stays).
     pub(crate) fn forget(&mut self, kind: &WatchKind) {
         self.clear(kind);
         self.relisting.remove(kind);
-        if let WatchKind::Object(k) = kind {
-            self.objects.remove(k);
+        if let WatchKind::Object(object) = kind {
+            self.objects.remove(object);
         }
     }
 
@@ -357,17 +443,12 @@ impl World {
                 .drain()
                 .map(|((namespace, name), _)| DepKey::DaemonSet { namespace, name })
                 .collect(),
-            WatchKind::Object(k) => match self.objects.get_mut(k) {
-                Some(store) => store
-                    .items
-                    .drain()
-                    .map(|((_, name), _)| DepKey::Object {
-                        kind: k.clone(),
-                        name,
-                    })
-                    .collect(),
-                None => Vec::new(),
-            },
+            WatchKind::Object(object) => {
+                match self.objects.get_mut(object).and_then(|s| s.object.take()) {
+                    Some(_) => vec![DepKey::Object(object.clone())],
+                    None => Vec::new(),
+                }
+            }
         }
     }
 
@@ -476,21 +557,19 @@ impl World {
                 vec![DepKey::DaemonSet { namespace, name }]
             }
             (
-                WatchKind::Object(k),
+                WatchKind::Object(object),
                 Fact::Object {
                     namespace,
                     name,
                     value,
                 },
             ) => {
-                let store = self.objects.entry(k.clone()).or_default();
-                store
-                    .items
-                    .insert((namespace.unwrap_or_default(), name.clone()), value);
-                vec![DepKey::Object {
-                    kind: k.clone(),
-                    name,
-                }]
+                if !is_the_object(object, namespace.as_deref(), &name) {
+                    return Vec::new();
+                }
+                let store = self.objects.entry(object.clone()).or_default();
+                store.object = Some(value);
+                vec![DepKey::Object(object.clone())]
             }
             // A fact from another kind's watch: never sent.
             _ => Vec::new(),
@@ -539,21 +618,13 @@ impl World {
                 None => Vec::new(),
             },
             (
-                WatchKind::Object(k),
+                WatchKind::Object(object),
                 Fact::Object {
                     namespace, name, ..
                 },
-            ) => {
-                let removed = self.objects.get_mut(k).and_then(|store| {
-                    store
-                        .items
-                        .remove(&(namespace.clone().unwrap_or_default(), name.clone()))
-                });
-                match removed {
-                    Some(_) => vec![DepKey::Object {
-                        kind: k.clone(),
-                        name: name.clone(),
-                    }],
+            ) if is_the_object(object, namespace.as_deref(), name) => {
+                match self.objects.get_mut(object).and_then(|s| s.object.take()) {
+                    Some(_) => vec![DepKey::Object(object.clone())],
                     None => Vec::new(),
                 }
             }
@@ -595,8 +666,8 @@ impl World {
         dirty
     }
 
-    /// Whether `dep` holds for a Pod in `pod_namespace`.
-    pub(crate) fn holds(&self, dep: &Dependency, pod_namespace: &str) -> bool {
+    /// Whether `dep` of a gate of `rule` holds for a Pod in `pod_namespace`.
+    pub(crate) fn holds(&self, dep: &Dependency, pod_namespace: &str, rule: &RuleId) -> bool {
         let ns = dep.namespace(pod_namespace);
         match dep {
             Dependency::Service(t) => self
@@ -617,28 +688,22 @@ impl World {
                 .get(ns)
                 .is_some_and(|pods| pods.values().any(|p| dep.selects(&p.labels))),
             Dependency::DaemonSet(t) => !self.daemon_set_nodes(ns, &t.name).is_empty(),
-            Dependency::Object {
-                api_version,
-                kind,
-                target,
-                ..
-            } => {
-                let kind = ObjectKind {
-                    api_version: api_version.clone(),
-                    kind: kind.clone(),
-                };
-                let Some(store) = self.objects.get(&kind) else {
+            Dependency::Object { .. } => {
+                let Some(object) = ObjectRef::of(dep, pod_namespace, rule) else {
                     return false;
                 };
-                let ns = if store.namespaced == Some(false) {
-                    ""
-                } else {
-                    ns
+                let Some(store) = self.objects.get(&object) else {
+                    return false;
                 };
+                // A MutationRule's dependency holds only on a namespaced object of its own
+                // namespace: never on what discovery did not confirm namespaced.
+                if object.own_namespace && store.namespaced != Some(true) {
+                    return false;
+                }
                 store
-                    .items
-                    .get(&(ns.to_string(), target.name.clone()))
-                    .is_some_and(|object| dep.object_holds(object))
+                    .object
+                    .as_ref()
+                    .is_some_and(|value| dep.object_holds(value))
             }
         }
     }
@@ -659,6 +724,17 @@ impl World {
             .filter_map(|p| p.node.clone())
             .collect()
     }
+}
+
+/// Whether a fact of the watch of `object` is that object: its name, and its namespace when
+/// the kind is namespaced (a cluster-scoped object has none, and a MutationRule's dependency
+/// never takes one).
+fn is_the_object(object: &ObjectRef, namespace: Option<&str>, name: &str) -> bool {
+    name == object.name
+        && match namespace {
+            Some(namespace) => namespace == object.namespace,
+            None => !object.own_namespace,
+        }
 }
 
 /// The DaemonSet key a Ready Pod counts for, by its owner's uid.
@@ -814,8 +890,21 @@ pub(crate) fn judge(
         let mut pending = Vec::new();
         let mut nodes: Option<BTreeSet<String>> = None;
         for dep in &gate.wait_for {
-            verdict.keys.insert(DepKey::of(dep, ns));
-            if !world.holds(dep, ns) {
+            let key = DepKey::of(dep, ns, rule);
+            if let DepKey::Object(object) = &key
+                && world.refused(object)
+            {
+                pending.push(format!(
+                    "{} (never judged: it is cluster-scoped, and a MutationRule may only wait on \
+                     namespaced objects of its own namespace; wait on an object in {ns}, or use \
+                     a ClusterMutationRule)",
+                    dep.describe(ns)
+                ));
+                verdict.keys.insert(key);
+                continue;
+            }
+            verdict.keys.insert(key);
+            if !world.holds(dep, ns, rule) {
                 pending.push(dep.describe(ns));
                 continue;
             }

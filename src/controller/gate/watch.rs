@@ -1,7 +1,8 @@
-//! The dependency watches: one per kind that some waiting Pod needs, started when first
-//! needed and stopped (aborted) when no waiting Pod needs it any more. Each runs as its own
-//! task and sends slim [`Fact`]s to the duty; updates of a watch that was stopped meanwhile
-//! are recognised by their generation and dropped.
+//! The dependency watches: one per kind that some waiting Pod needs (and, for `object`
+//! dependencies, one per object named: see [`ObjectRef`]), started when first needed and
+//! stopped (aborted) when no waiting Pod needs it any more. Each runs as its own task and
+//! sends slim [`Fact`]s to the duty; updates of a watch that was stopped meanwhile are
+//! recognised by their generation and dropped.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
@@ -21,7 +22,7 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
-use super::state::{Fact, ObjectKind, Update, WatchKind};
+use super::state::{Fact, ObjectKind, ObjectRef, Update, WatchKind};
 use crate::controller::duty::Context;
 
 /// The label that ties an EndpointSlice to its Service.
@@ -42,7 +43,7 @@ pub(crate) struct KindUpdate {
 #[derive(Debug)]
 pub(crate) enum KindEvent {
     Update(Update),
-    /// Discovery resolved an `object` kind: whether it is namespaced.
+    /// Discovery resolved an `object` dependency's kind: whether it is namespaced.
     Namespaced(bool),
 }
 
@@ -82,7 +83,7 @@ impl Watches {
         for kind in &stopped {
             if let Some((_, handle)) = self.running.remove(kind) {
                 handle.abort();
-                tracing::info!(duty = "gates", kind = %kind, "no waiting Pod needs this kind any more: its watch stopped");
+                tracing::info!(duty = "gates", kind = %kind, "no waiting Pod needs this watch any more: stopped");
             }
         }
         for kind in needed {
@@ -98,7 +99,7 @@ impl Watches {
                 self.tx.clone(),
                 self.context.clone(),
             ));
-            tracing::info!(duty = "gates", kind = %kind, "a waiting Pod needs this kind: watching it");
+            tracing::info!(duty = "gates", kind = %kind, "a waiting Pod needs this watch: started");
             self.running
                 .insert(kind.clone(), (generation, task.abort_handle()));
         }
@@ -181,19 +182,57 @@ async fn run(
             .await;
         }
         WatchKind::Object(object) => {
-            let (resource, namespaced) = discover(&client, object, &context).await;
+            let (resource, namespaced) = discover(&client, &object.kind, &context).await;
             send(KindEvent::Namespaced(namespaced));
-            let api = Api::<DynamicObject>::all_with(client, &resource);
-            forward(
-                watcher(api, watcher::Config::default()),
-                &kind,
-                send,
-                &context,
-                object_fact,
-            )
-            .await;
+            if object.own_namespace && !namespaced {
+                tracing::warn!(
+                    duty = "gates",
+                    object = %object,
+                    "{}",
+                    refused_message(object)
+                );
+                // Parked until no Pod needs it: started again, it would only discover again.
+                std::future::pending::<()>().await;
+                return;
+            }
+            // Only the named object: in its namespace when the kind is namespaced.
+            let api = if namespaced {
+                Api::<DynamicObject>::namespaced_with(client, &object.namespace, &resource)
+            } else {
+                Api::<DynamicObject>::all_with(client, &resource)
+            };
+            let config = watcher::Config::default().fields(&name_selector(&object.name));
+            forward(watcher(api, config), &kind, send, &context, object_fact).await;
         }
     }
+}
+
+/// Why a MutationRule's dependency on `object`, whose kind discovery found cluster-scoped, is
+/// never watched nor judged, and what to do.
+fn refused_message(object: &ObjectRef) -> String {
+    format!(
+        "a MutationRule's gate in namespace {ns} waits on {kind} {name}, but {api_version} {kind} \
+         is cluster-scoped, and a MutationRule may only wait on namespaced objects of its own \
+         namespace: initium does not read it and releases no Pod on it (the rule's status says \
+         which rule); wait on an object in {ns}, or use a ClusterMutationRule",
+        ns = object.namespace,
+        kind = object.kind.kind,
+        name = object.name,
+        api_version = object.kind.api_version,
+    )
+}
+
+/// The field selector of the object named `name`, with `\`, `,` and `=` escaped as the API
+/// server's field selector syntax wants.
+fn name_selector(name: &str) -> String {
+    let mut selector = String::from("metadata.name=");
+    for c in name.chars() {
+        if matches!(c, '\\' | ',' | '=') {
+            selector.push('\\');
+        }
+        selector.push(c);
+    }
+    selector
 }
 
 /// Resolves an `object` dependency's kind through discovery, retrying with backoff while the
@@ -367,6 +406,12 @@ fn object_fact(object: &DynamicObject) -> Option<Fact> {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_object_watch_selects_its_name_escaped() {
+        assert_eq!(name_selector("settings"), "metadata.name=settings");
+        assert_eq!(name_selector(r"a,b=c\d"), r"metadata.name=a\,b\=c\\d");
+    }
 
     #[test]
     fn a_slice_counts_endpoints_not_marked_unready() {

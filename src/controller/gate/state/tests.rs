@@ -356,6 +356,26 @@ fn pods_dependencies_count_ready_pods_matching_the_selector_in_the_namespace() {
     assert!(!holds(&world));
 }
 
+fn object_ref(kind: &str, namespace: &str, name: &str, own_namespace: bool) -> ObjectRef {
+    ObjectRef {
+        kind: ObjectKind {
+            api_version: "example.com/v1".into(),
+            kind: kind.into(),
+        },
+        namespace: namespace.into(),
+        name: name.into(),
+        own_namespace,
+    }
+}
+
+fn object_fact(ns: Option<&str>, name: &str, phase: &str) -> Fact {
+    Fact::Object {
+        namespace: ns.map(Into::into),
+        name: name.into(),
+        value: Arc::new(json!({"metadata": {"name": name}, "status": {"phase": phase}})),
+    }
+}
+
 #[test]
 fn object_dependencies_hold_when_their_conditions_do() {
     let r = rule(
@@ -366,19 +386,10 @@ fn object_dependencies_hold_when_their_conditions_do() {
     );
     let gates = gates(std::slice::from_ref(&r));
     let p = pod("web-1", &[&gate_of(&r)]);
-    let foo = ObjectKind {
-        api_version: "example.com/v1".into(),
-        kind: "Foo".into(),
-    };
-    let zone = ObjectKind {
-        api_version: "example.com/v1".into(),
-        kind: "Zone".into(),
-    };
-    let object = |ns: Option<&str>, name: &str, phase: &str| Fact::Object {
-        namespace: ns.map(Into::into),
-        name: name.into(),
-        value: Arc::new(json!({"metadata": {"name": name}, "status": {"phase": phase}})),
-    };
+    // One watch per object named: the Foo in infra, the Zone in the Pod's namespace (if Zone
+    // turns out namespaced; it is cluster-scoped here).
+    let foo = object_ref("Foo", "infra", "f", false);
+    let zone = object_ref("Zone", NS, "z", false);
     let mut world = World::default();
     let holds = |w: &World| judge(&p, &gates, w, &BTreeSet::new(), ts(1)).is_release();
     let verdict = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
@@ -397,22 +408,27 @@ fn object_dependencies_hold_when_their_conditions_do() {
     world.set_namespaced(&zone, false);
     world.apply(
         &WatchKind::Object(zone.clone()),
-        Update::Apply(object(None, "z", "")),
+        Update::Apply(object_fact(None, "z", "")),
     );
     world.apply(
         &WatchKind::Object(foo.clone()),
-        Update::Apply(object(Some("infra"), "f", "Pending")),
-    );
-    assert!(!holds(&world));
-    // The wrong namespace does not count.
-    world.apply(
-        &WatchKind::Object(foo.clone()),
-        Update::Apply(object(Some(NS), "f", "Ready")),
+        Update::Apply(object_fact(Some("infra"), "f", "Pending")),
     );
     assert!(!holds(&world));
+    // Another object than the one named is not kept (a watch sends only its own).
     world.apply(
         &WatchKind::Object(foo.clone()),
-        Update::Apply(object(Some("infra"), "f", "Ready")),
+        Update::Apply(object_fact(Some(NS), "f", "Ready")),
+    );
+    world.apply(
+        &WatchKind::Object(foo.clone()),
+        Update::Apply(object_fact(Some("infra"), "g", "Ready")),
+    );
+    assert!(!holds(&world));
+    assert_eq!(world.objects(), 2);
+    world.apply(
+        &WatchKind::Object(foo.clone()),
+        Update::Apply(object_fact(Some("infra"), "f", "Ready")),
     );
     assert!(
         holds(&world),
@@ -420,6 +436,85 @@ fn object_dependencies_hold_when_their_conditions_do() {
     );
     world.forget(&WatchKind::Object(zone));
     assert!(!holds(&world));
+    assert_eq!(world.objects(), 1);
+    // Deleted: nothing kept.
+    world.apply(
+        &WatchKind::Object(foo.clone()),
+        Update::Delete(object_fact(Some("infra"), "f", "Ready")),
+    );
+    assert_eq!(world.objects(), 0);
+}
+
+#[test]
+fn a_mutation_rules_dependency_on_a_cluster_scoped_object_is_never_judged() {
+    // A custom kind the compile-time check cannot know: discovery finds it cluster-scoped.
+    let r = rule(
+        RuleId::namespaced(NS, "peek"),
+        json!({"waitFor": [{"object": {"apiVersion": "example.com/v1", "kind": "Vault",
+            "name": "main", "conditions": [{"path": "$.status.phase", "equals": "Ready"}]}}]}),
+    );
+    // The same dependency in a ClusterMutationRule.
+    let c = rule(
+        RuleId::cluster("vault"),
+        json!({"waitFor": [{"object": {"apiVersion": "example.com/v1", "kind": "Vault",
+            "name": "main", "conditions": [{"path": "$.status.phase", "equals": "Ready"}]}}]}),
+    );
+    let cluster_gates = gates(std::slice::from_ref(&c));
+    let gates = gates(std::slice::from_ref(&r));
+    let p = pod("web-1", &[&gate_of(&r)]);
+    let vault = object_ref("Vault", NS, "main", true);
+    let mut world = World::default();
+    let verdict = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
+    assert_eq!(
+        verdict.keys,
+        BTreeSet::from([DepKey::Object(vault.clone())])
+    );
+    // Not resolved yet: an object the watch might send is not enough.
+    world.apply(
+        &WatchKind::Object(vault.clone()),
+        Update::Apply(object_fact(Some(NS), "main", "Ready")),
+    );
+    assert!(!judge(&p, &gates, &world, &BTreeSet::new(), ts(1)).is_release());
+    // Cluster-scoped: whatever the object says, never released on it.
+    assert_eq!(
+        world.set_namespaced(&vault, false),
+        DepKey::Object(vault.clone())
+    );
+    world.apply(
+        &WatchKind::Object(vault.clone()),
+        Update::Apply(object_fact(None, "main", "Ready")),
+    );
+    let verdict = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
+    assert!(!verdict.is_release(), "{verdict:?}");
+    assert_eq!(
+        verdict.keys,
+        BTreeSet::from([DepKey::Object(vault.clone())]),
+        "the parked watch stays (started again it would only discover again)"
+    );
+    // Its timeout says why, in a sentence.
+    let late = judge(&p, &gates, &world, &BTreeSet::new(), ts(3600));
+    let [release] = late.release.as_slice() else {
+        panic!("{late:?}");
+    };
+    assert_eq!(release.reason, Reason::Timeout);
+    assert_eq!(
+        release.dependencies,
+        vec![
+            "Vault main (never judged: it is cluster-scoped, and a MutationRule may only wait on \
+             namespaced objects of its own namespace; wait on an object in shop, or use a \
+             ClusterMutationRule)"
+                .to_string()
+        ]
+    );
+    // The same object for a ClusterMutationRule is judged.
+    let q = pod("web-2", &[&gate_of(&c)]);
+    let shared = object_ref("Vault", NS, "main", false);
+    world.set_namespaced(&shared, false);
+    world.apply(
+        &WatchKind::Object(shared),
+        Update::Apply(object_fact(None, "main", "Ready")),
+    );
+    assert!(judge(&q, &cluster_gates, &world, &BTreeSet::new(), ts(1)).is_release());
 }
 
 #[test]
@@ -755,6 +850,7 @@ fn slices_follow_their_service_label_and_relists_drop_what_is_gone() {
                 name: service.into(),
             }),
             NS,
+            &RuleId::cluster("r"),
         )
     };
     let dirty = listed(&mut world, kind.clone(), vec![slice("db", "s1", 1)]);
