@@ -639,6 +639,24 @@ fn a_key_expanded_per_container_counts_every_copy_of_its_value() {
 }
 
 #[test]
+fn a_rule_with_thousands_of_problems_reports_the_first_few() {
+    // 1,000 bad regexes: 3,001 errors (994 KB) were printed after the count refusal.
+    let conditions: Vec<Value> = (0..1000)
+        .map(|_| json!({"path": "$.metadata.name", "matches": "a(b"}))
+        .collect();
+    let error = compile_error(
+        json!({"match": {"kinds": ["Pod"]}, "conditions": conditions,
+        "mutations": [{"merge": {"a": "b"}}]}),
+    );
+    assert_eq!(error.lines().count(), 21, "{error}");
+    assert!(
+        error.ends_with("spec: and 981 more problems like these; fix these first"),
+        "{error}"
+    );
+    assert!(error.len() < 8 << 10, "{} bytes", error.len());
+}
+
+#[test]
 fn long_template_queries_are_refused_before_they_are_parsed() {
     // One 1.4 MB MutationRule with a single 700,000-segment template query took 782 MB to
     // compile and kept 165 MB: four of them kept every replica from starting. A query is now

@@ -42,9 +42,9 @@ pub struct Limits {
     /// `/validate` compiles running at once (`--max-concurrent-validations`); a rule that
     /// waits longer than the latency budget for its turn is denied with "retry".
     pub max_concurrent_validations: usize,
-    /// `/mutate` reviews above 64 KiB evaluated at once on the blocking pool
-    /// (`--max-blocking-reviews`); one that waits longer than the latency budget gets 503 and
-    /// the API server applies the webhook's failure policy.
+    /// `/mutate` reviews evaluated at once on the blocking pool (above 64 KiB, or out of their
+    /// inline slice), in turns per namespace (`--max-blocking-reviews`); one that waits longer
+    /// than the latency budget gets 503 and the API server applies the webhook's failure policy.
     pub max_blocking_reviews: usize,
     /// JSON values (array elements, object members, containers) in a review above 64 KiB
     /// (`--max-json-values`); above it, 413 before the review is parsed. Parsed JSON takes up

@@ -524,7 +524,7 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
     if !errors.errors.is_empty() {
         return Err(RuleErrors {
             rule: id.describe(),
-            errors: errors.errors,
+            errors: errors.first_few(),
         });
     }
     Ok(CompiledRule {

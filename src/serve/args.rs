@@ -97,8 +97,9 @@ pub struct ServeArgs {
     /// per rule and verdict (`AuditWouldChange`, `AuditWouldFail`).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub audit_report_interval: Duration,
-    /// AdmissionReviews above 64 KiB evaluated at once; one that waits longer than the budget
-    /// gets 503 and the API server applies the webhook's failure policy.
+    /// AdmissionReviews evaluated at once on the blocking pool (those above 64 KiB, and those
+    /// whose rules run past a 2 ms slice), in turns that go round the namespaces; one that waits
+    /// longer than the budget gets 503 and the API server applies the webhook's failure policy.
     #[arg(long, default_value_t = 2)]
     pub max_blocking_reviews: usize,
     /// JSON values (elements, members) in an AdmissionReview above 64 KiB; more gets 413
