@@ -537,6 +537,68 @@ async fn an_invalid_rule_is_not_ready_and_does_not_stop_the_others() {
     running.stop().await;
 }
 
+/// One namespace owner cannot make initium hold more than its quota: its rules past
+/// `--max-rules-per-namespace` (the newest) are not Ready, with the flag named, and nothing
+/// of them is indexed; another namespace and the ClusterMutationRules are not counted; a rule
+/// deleted makes room for the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_past_a_namespaces_quota_are_not_ready_and_others_are_untouched() {
+    let _serial = serial().await;
+    let client = support::client().await;
+    install_crds();
+    let mut cleanup = Cleanup::new();
+    let home = support::namespace(&client, "initium").await;
+    let name = unique("quota");
+    cleanup.configurations.push(name.clone());
+    let mut config = test_config(&home, &name);
+    config.quotas.rules_per_namespace = 2;
+    let running = Running::start(&client, config).await;
+    running.synced().await;
+
+    let team = support::namespace(&client, "team").await;
+    let other = support::namespace(&client, "other").await;
+    for rule in ["r1", "r2", "r3"] {
+        create_rule(&client, &mut cleanup, &team, rule, rule_spec(&["Pod"])).await;
+    }
+    for rule in ["o1", "o2"] {
+        create_rule(&client, &mut cleanup, &other, rule, rule_spec(&["Pod"])).await;
+    }
+    let platform = unique("platform");
+    create_cluster_rule(&client, &mut cleanup, &platform, rule_spec(&["Pod"])).await;
+
+    let id = |ns: &str, n: &str| RuleId::namespaced(ns, n);
+    // Created in the same second: the order of their names decides.
+    let over = wait_ready(&client, &id(&team, "r3"), "False", "QuotaExceeded").await;
+    assert!(
+        over.message.contains(&format!(
+            "namespace {team} already has 2 Ready MutationRules, its quota (--max-rules-per-namespace)"
+        )),
+        "{}",
+        over.message
+    );
+    for (ns, rule) in [(&team, "r1"), (&team, "r2"), (&other, "o1"), (&other, "o2")] {
+        wait_ready(&client, &id(ns, rule), "True", "Compiled").await;
+    }
+    wait_ready(&client, &RuleId::cluster(&platform), "True", "Compiled").await;
+    let indexed = running.indexed();
+    assert!(
+        !indexed.contains(&id(&team, "r3").to_string()),
+        "{indexed:?}"
+    );
+    assert!(
+        indexed.contains(&id(&other, "o2").to_string()),
+        "{indexed:?}"
+    );
+
+    // Room again: r3 takes r1's place.
+    Api::<MutationRule>::namespaced(client.clone(), &team)
+        .delete("r1", &Default::default())
+        .await
+        .expect("delete r1");
+    wait_ready(&client, &id(&team, "r3"), "True", "Compiled").await;
+    running.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_for_a_kind_that_is_not_served_waits_for_its_crd() {
     let _serial = serial().await;

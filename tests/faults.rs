@@ -1429,6 +1429,89 @@ async fn a_tenants_slow_regexes_leave_other_namespaces_served_and_readyz_answeri
     within_memory_limit(&initium, "slow regexes");
 }
 
+/// A tenant's four 1.4 MB MutationRules, each one template query of 700,000 segments, stored
+/// while initium was not running (no webhook to refuse them): before, compiling them took a
+/// starting replica to 1.10 GB before it was Ready, so under the chart's 256 MiB limit no
+/// replica could start while they existed. Now a query's length is refused before it is
+/// parsed: the replica starts, the rules are not Ready with the field named, and a fifth one
+/// is refused at `kubectl apply`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_huge_template_rules_do_not_keep_a_replica_from_starting() {
+    let _serial = serial().await;
+    let name = support::unique("f-huge");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let tenant = support::namespace(&client, "tenant").await;
+
+    let long = format!("{{{{ ${} }}}}", ".a".repeat(700_000));
+    let huge = json!({"match": {"kinds": ["Pod"]},
+        "mutations": [{"merge": {"metadata": {"labels": {"x": long}}}}]});
+    for i in 0..4 {
+        apply_rule(&client, &tenant, &format!("huge-{i}"), &huge)
+            .await
+            .unwrap_or_else(|e| panic!("huge-{i} (no webhook is running yet): {e}"));
+    }
+    let started = Instant::now();
+    let mut initium = start(&name, &own, "one").await;
+    let ready_after = started.elapsed();
+    let rules = Api::<MutationRule>::namespaced(client.clone(), &tenant);
+    for i in 0..4 {
+        let rule = format!("huge-{i}");
+        let message = eventually(
+            &format!("{rule} to be InvalidRule"),
+            Duration::from_secs(60),
+            || async {
+                let stored = rules.get(&rule).await.map_err(|e| e.to_string())?;
+                let ready = stored
+                    .status
+                    .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready"))
+                    .ok_or("no Ready condition yet")?;
+                if ready.reason == "InvalidRule" {
+                    Ok(ready.message)
+                } else {
+                    Err(format!("{}: {}", ready.reason, ready.message))
+                }
+            },
+        )
+        .await;
+        assert!(
+            message.contains("spec.mutations[0].merge (at /metadata/labels/x)")
+                && message.contains("is too long: at most 1024 are allowed"),
+            "{message}"
+        );
+        assert!(
+            message.len() < 2048,
+            "the status quotes the query: {} bytes",
+            message.len()
+        );
+    }
+    let refused = apply_rule(&client, &tenant, "huge-4", &huge)
+        .await
+        .expect_err("a fifth huge rule is refused by the validating webhook");
+    assert!(
+        refused
+            .to_string()
+            .contains("is too long: at most 1024 are allowed"),
+        "{refused}"
+    );
+    let memory = within_memory_limit(&initium, "huge template rules");
+    eprintln!(
+        "faults: huge template rules: Ready {ready_after:?} after start; peak RSS {:.1} MiB",
+        mib(memory.peak_kib)
+    );
+    assert!(
+        initium.running(),
+        "serve died; see {}",
+        initium.log.display()
+    );
+    for i in 0..4 {
+        let _ = rules
+            .delete(&format!("huge-{i}"), &Default::default())
+            .await;
+    }
+}
+
 /// Valid rules of a tenant with many Unicode regular expressions, each within its share,
 /// leave initium within the Deployment's 256 MiB. With the `regex` crate's `Regex`, each
 /// `^(\w+)/(\w+):(\w+)$` also held a one-pass DFA of about 1 MiB that no limit covered:

@@ -98,6 +98,7 @@ pub(crate) fn json_hash(salt: &Option<String>, value: &impl serde::Serialize) ->
 }
 
 pub use leader::LeaseSettings;
+pub use rules::Quotas;
 pub use webhooks::{WebhookEndpoint, webhook_timeout_seconds};
 
 /// The field manager of everything initium writes (server-side apply and status patches).
@@ -144,6 +145,8 @@ pub struct ControllerConfig {
     pub gate_release_concurrency: usize,
     /// How often each replica publishes the audit Events (`--audit-report-interval`).
     pub audit_report_interval: Duration,
+    /// What the MutationRules of one namespace may make initium hold.
+    pub quotas: rules::Quotas,
 }
 
 /// Default `--gate-release-concurrency`: on the 2-core test machine, 1,000 Pods released by
@@ -169,6 +172,7 @@ impl ControllerConfig {
             resync_interval: Duration::from_secs(60),
             gate_release_concurrency: usize::from(DEFAULT_GATE_RELEASE_CONCURRENCY),
             audit_report_interval: audit::DEFAULT_AUDIT_REPORT_INTERVAL,
+            quotas: rules::Quotas::default(),
         }
     }
 
@@ -322,6 +326,7 @@ pub async fn run(
     ));
     duties.start(rules::Rules::new(
         client.clone(),
+        config.quotas,
         shared.clone(),
         readiness.clone(),
         served_rx,

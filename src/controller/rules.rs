@@ -42,6 +42,91 @@ pub enum Verdict {
     /// MutationRule, only cluster-scoped kinds), or a MutationRule's gate waits on an object
     /// of a cluster-scoped kind.
     KindNotAllowed(String),
+    /// Would take its namespace past a quota (`--max-rules-per-namespace`,
+    /// `--max-rule-bytes-per-namespace`): Ready once the namespace has room.
+    QuotaExceeded(String),
+}
+
+/// What the MutationRules of one namespace may make initium hold. A tenant who may create
+/// MutationRules adds memory rule by rule; without a bound per namespace, one namespace owner
+/// could create rules that no replica can hold under its memory limit, and no replica could
+/// start again while they exist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quotas {
+    /// Ready MutationRules per namespace (`--max-rules-per-namespace`).
+    pub rules_per_namespace: usize,
+    /// Bytes the Ready MutationRules of one namespace hold, as each measured when compiled
+    /// (`--max-rule-bytes-per-namespace`).
+    pub rule_bytes_per_namespace: usize,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Quotas {
+            rules_per_namespace: 1_000,
+            rule_bytes_per_namespace: 32 << 20,
+        }
+    }
+}
+
+/// What one namespace's Ready MutationRules hold so far, while the quotas are applied.
+#[derive(Clone, Copy, Debug, Default)]
+struct Used {
+    rules: usize,
+    bytes: usize,
+}
+
+impl Quotas {
+    /// Makes the Ready verdicts of MutationRules that would take their namespace past a quota
+    /// `QuotaExceeded`, given each rule's measured size and creation time. The oldest rules
+    /// come first (ties by name), so creating a rule never takes an older one's place, and
+    /// every replica, seeing the same objects, decides the same.
+    fn apply(&self, rules: &mut [(&RuleId, Option<usize>, Option<i64>, &mut Verdict)]) {
+        rules.sort_by(|a, b| {
+            a.2.unwrap_or(i64::MAX)
+                .cmp(&b.2.unwrap_or(i64::MAX))
+                .then_with(|| a.0.cmp(b.0))
+        });
+        let mut used: HashMap<&str, Used> = HashMap::new();
+        for (id, held, _, verdict) in rules.iter_mut() {
+            let (Some(namespace), Some(held), true) =
+                (id.namespace.as_deref(), *held, verdict.is_ready())
+            else {
+                continue;
+            };
+            let used = used.entry(namespace).or_default();
+            if used.rules >= self.rules_per_namespace {
+                **verdict = Verdict::QuotaExceeded(format!(
+                    "namespace {namespace} already has {} Ready MutationRules, its quota (--max-rules-per-namespace); delete a rule of the namespace or merge some, or ask the platform team for a higher quota",
+                    self.rules_per_namespace
+                ));
+                continue;
+            }
+            let bytes = used.bytes.saturating_add(held);
+            if bytes > self.rule_bytes_per_namespace {
+                **verdict = Verdict::QuotaExceeded(format!(
+                    "this rule holds {} once compiled, and the Ready MutationRules of namespace {namespace} may hold {} together (--max-rule-bytes-per-namespace), {} of it used; make the rule smaller (fewer or simpler regular expressions, shorter values) or delete another rule of the namespace",
+                    human_bytes(held),
+                    human_bytes(self.rule_bytes_per_namespace),
+                    human_bytes(used.bytes)
+                ));
+                continue;
+            }
+            used.rules += 1;
+            used.bytes = bytes;
+        }
+    }
+}
+
+/// `1.5 MiB`, `12 KiB`, `100 bytes`: for the quota messages.
+fn human_bytes(n: usize) -> String {
+    if n >= 1 << 20 {
+        format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20))
+    } else if n >= 1 << 10 {
+        format!("{:.1} KiB", n as f64 / 1024.0)
+    } else {
+        format!("{n} bytes")
+    }
 }
 
 impl Verdict {
@@ -158,6 +243,8 @@ pub struct Snapshot {
 struct Observed {
     id: RuleId,
     uid: Option<String>,
+    /// `metadata.creationTimestamp`, in seconds: the order in which quotas are given.
+    created: Option<i64>,
     spec: RuleSpec,
     generation: Option<i64>,
     resource_version: Option<String>,
@@ -168,6 +255,11 @@ impl From<ClusterMutationRule> for Observed {
     fn from(rule: ClusterMutationRule) -> Observed {
         Observed {
             id: RuleId::cluster(&rule.name_any()),
+            created: rule
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second()),
             uid: rule.metadata.uid,
             generation: rule.metadata.generation,
             resource_version: rule.metadata.resource_version,
@@ -184,6 +276,11 @@ impl From<MutationRule> for Observed {
                 rule.metadata.namespace.as_deref().unwrap_or_default(),
                 rule.metadata.name.as_deref().unwrap_or_default(),
             ),
+            created: rule
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second()),
             uid: rule.metadata.uid,
             generation: rule.metadata.generation,
             resource_version: rule.metadata.resource_version,
@@ -198,6 +295,8 @@ impl From<MutationRule> for Observed {
 /// later event brings a new spec is told by `spec_key`.
 struct Entry {
     spec_key: SpecKey,
+    /// When the rule object was created (seconds), for the quotas' order.
+    created: Option<i64>,
     /// `spec.match.kinds` as written, for the Ready condition's messages.
     kinds: Vec<String>,
     compiled: Result<Arc<CompiledRule>, RuleErrors>,
@@ -261,6 +360,7 @@ struct RuleTable {
     /// Every distinct status in the table, by a hash of its JSON: rules written in the same
     /// second carry the same status, so ten thousand rules share a few dozen.
     statuses: HashMap<u64, Arc<RuleStatus>>,
+    quotas: Quotas,
 }
 
 /// The shared copy of `status`: an equal one already in `statuses`, or this one, added.
@@ -376,10 +476,29 @@ impl RuleTable {
             self.index_stale = false;
             let mut ready = Vec::new();
             let mut rule_needs = Vec::new();
-            for (id, entry) in &mut self.entries {
-                let verdict = verdict(id, &entry.kinds, &entry.compiled, &served);
+            let mut verdicts: Vec<Verdict> = self
+                .entries
+                .iter()
+                .map(|(id, entry)| verdict(id, &entry.kinds, &entry.compiled, &served))
+                .collect();
+            {
+                let mut judged: Vec<_> = self
+                    .entries
+                    .iter()
+                    .zip(verdicts.iter_mut())
+                    .map(|((id, entry), verdict)| {
+                        let held = entry.compiled.as_ref().ok().map(|r| r.held_bytes());
+                        (id, held, entry.created, verdict)
+                    })
+                    .collect();
+                self.quotas.apply(&mut judged);
+            }
+            for ((id, entry), verdict) in self.entries.iter_mut().zip(verdicts) {
                 let changed = !entry.judged || entry.view.verdict != verdict;
-                if changed && let Verdict::KindNotServed(m) | Verdict::KindNotAllowed(m) = &verdict
+                if changed
+                    && let Verdict::KindNotServed(m)
+                    | Verdict::KindNotAllowed(m)
+                    | Verdict::QuotaExceeded(m) = &verdict
                 {
                     tracing::warn!(rule = %id.describe(), reason = %m, "rule is not Ready");
                 }
@@ -462,6 +581,7 @@ fn entry_for(
     {
         let entry = Entry {
             spec_key,
+            created: observed.created,
             kinds: current.kinds.clone(),
             compiled: current.compiled.clone(),
             judged: current.judged,
@@ -479,6 +599,7 @@ fn entry_for(
     }
     let entry = Entry {
         spec_key,
+        created: observed.created,
         kinds: observed.spec.match_.kinds,
         compiled,
         judged: false,
@@ -525,6 +646,7 @@ fn watch_failed(context: &Context, input: &Input) {
 /// metrics current and publishes what the status and webhook writers need.
 pub(crate) struct Rules {
     client: Client,
+    quotas: Quotas,
     shared: Arc<Shared>,
     readiness: Arc<Readiness>,
     served: watch::Receiver<Option<Arc<Served>>>,
@@ -535,6 +657,7 @@ pub(crate) struct Rules {
 impl Rules {
     pub(crate) fn new(
         client: Client,
+        quotas: Quotas,
         shared: Arc<Shared>,
         readiness: Arc<Readiness>,
         served: watch::Receiver<Option<Arc<Served>>>,
@@ -543,6 +666,7 @@ impl Rules {
     ) -> Rules {
         Rules {
             client,
+            quotas,
             shared,
             readiness,
             served,
@@ -657,7 +781,10 @@ impl Duty for Rules {
 
     async fn run(&mut self, mut context: Context) -> Result<(), ControllerError> {
         let mut inputs = self.inputs();
-        let mut table = RuleTable::default();
+        let mut table = RuleTable {
+            quotas: self.quotas,
+            ..RuleTable::default()
+        };
         // initium's own CRDs, by name: their generation, to tell when their schema changed.
         let crds = Api::<PartialObjectMeta<CustomResourceDefinition>>::all(self.client.clone());
         let mut crd_events = watcher(crds, watcher::Config::default())
@@ -878,11 +1005,105 @@ mod tests {
         Observed {
             id,
             uid: Some("8d4b2c6e-0000-4000-8000-000000000001".into()),
+            created: None,
             spec: spec(kinds),
             generation: Some(1),
             resource_version: Some("1".into()),
             status: None,
         }
+    }
+
+    #[test]
+    fn quotas_refuse_the_newest_rules_of_a_namespace_past_its_count_or_bytes() {
+        let quotas = Quotas {
+            rules_per_namespace: 2,
+            rule_bytes_per_namespace: 1000,
+        };
+        let ids: Vec<RuleId> = ["a", "b", "c"]
+            .iter()
+            .map(|n| RuleId::namespaced("team", n))
+            .chain([
+                RuleId::namespaced("other", "z"),
+                RuleId::cluster("platform"),
+            ])
+            .collect();
+        let mut verdicts = vec![Verdict::Ready; ids.len()];
+        // Created: c first, then a, then b; other/z and the cluster rule are never counted
+        // against team.
+        let created = [Some(20), Some(30), Some(10), Some(5), Some(1)];
+        let mut rules: Vec<_> = ids
+            .iter()
+            .zip(verdicts.iter_mut())
+            .zip(created)
+            .map(|((id, verdict), created)| (id, Some(100), created, verdict))
+            .collect();
+        quotas.apply(&mut rules);
+        let by_name: HashMap<String, Verdict> = rules
+            .iter()
+            .map(|(id, _, _, v)| (id.to_string(), (**v).clone()))
+            .collect();
+        assert_eq!(by_name["team/c"], Verdict::Ready);
+        assert_eq!(by_name["team/a"], Verdict::Ready);
+        let Verdict::QuotaExceeded(m) = &by_name["team/b"] else {
+            panic!("team/b should be over the quota: {by_name:?}");
+        };
+        assert!(
+            m.contains("--max-rules-per-namespace") && m.contains("team"),
+            "{m}"
+        );
+        assert_eq!(by_name["other/z"], Verdict::Ready);
+        assert_eq!(by_name["platform"], Verdict::Ready);
+
+        // Bytes: the oldest rule that fits stays; one that would pass the quota is refused,
+        // and a smaller one after it still fits.
+        let quotas = Quotas {
+            rules_per_namespace: 10,
+            rule_bytes_per_namespace: 1000,
+        };
+        let mut verdicts = vec![Verdict::Ready, Verdict::Ready, Verdict::Ready];
+        let sizes = [600, 500, 300];
+        let mut rules: Vec<_> = ids[..3]
+            .iter()
+            .zip(verdicts.iter_mut())
+            .zip(sizes)
+            .enumerate()
+            .map(|(i, ((id, v), size))| (id, Some(size), Some(i as i64), v))
+            .collect();
+        quotas.apply(&mut rules);
+        assert_eq!(*rules[0].3, Verdict::Ready);
+        let Verdict::QuotaExceeded(m) = &*rules[1].3 else {
+            panic!("the 500-byte rule should be over the quota");
+        };
+        assert!(
+            m.contains("500 bytes")
+                && m.contains("--max-rule-bytes-per-namespace")
+                && m.contains("600 bytes of it used"),
+            "{m}"
+        );
+        assert_eq!(*rules[2].3, Verdict::Ready);
+        // A rule that is not Ready anyway takes nothing.
+        let mut invalid = Verdict::Invalid("spec: bad".into());
+        let mut ready = Verdict::Ready;
+        let mut rules = vec![
+            (&ids[0], Some(2000), Some(1), &mut invalid),
+            (&ids[1], Some(900), Some(2), &mut ready),
+        ];
+        quotas.apply(&mut rules);
+        assert_eq!(*rules[1].3, Verdict::Ready);
+    }
+
+    #[test]
+    fn compiled_rules_are_measured_by_what_they_hold() {
+        let small = compile(RuleId::namespaced("t", "s"), &spec(&["Pod"])).unwrap();
+        let mut big = spec(&["Pod"]);
+        big.conditions = serde_json::from_value(serde_json::json!(
+            (0..16).map(|_| serde_json::json!({"path": "$.spec.containers[*].image", "matches": "^(\\w+)/(\\w+):(\\w+)$"})).collect::<Vec<_>>()
+        ))
+        .unwrap();
+        let big = compile(RuleId::namespaced("t", "b"), &big).unwrap();
+        assert!(small.held_bytes() < 4 << 10, "{}", small.held_bytes());
+        // Sixteen Unicode regexes: their automata and caches, megabytes.
+        assert!(big.held_bytes() > 1 << 20, "{}", big.held_bytes());
     }
 
     #[test]

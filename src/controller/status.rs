@@ -6,6 +6,7 @@
 //! | False | `InvalidRule`    | does not compile; the message lists every error by field path |
 //! | False | `KindNotServed`  | a pattern in `match.kinds` matches no served kind            |
 //! | False | `KindNotAllowed` | a pattern matches only kinds initium never intercepts, or a MutationRule's gate waits on a cluster-scoped object |
+//! | False | `QuotaExceeded` | a MutationRule would take its namespace past `--max-rules-per-namespace` or `--max-rule-bytes-per-namespace` (Ready once the namespace has room) |
 //!
 //! A rule that cannot become Ready until its spec changes (`InvalidRule`, `KindNotAllowed`)
 //! also gets `Stalled=True` with the same reason and message: kstatus (Flux's health checks,
@@ -60,6 +61,7 @@ fn ready_condition(verdict: &Verdict, generation: Option<i64>, now: &Time) -> Co
         Verdict::Invalid(m) => ("False", "InvalidRule", m.as_str()),
         Verdict::KindNotServed(m) => ("False", "KindNotServed", m.as_str()),
         Verdict::KindNotAllowed(m) => ("False", "KindNotAllowed", m.as_str()),
+        Verdict::QuotaExceeded(m) => ("False", "QuotaExceeded", m.as_str()),
     };
     Condition {
         type_: READY.into(),
@@ -80,7 +82,7 @@ fn stalled_condition(verdict: &Verdict, ready: &Condition) -> Option<Condition> 
             status: "True".into(),
             ..ready.clone()
         }),
-        Verdict::Ready | Verdict::KindNotServed(_) => None,
+        Verdict::Ready | Verdict::KindNotServed(_) | Verdict::QuotaExceeded(_) => None,
     }
 }
 

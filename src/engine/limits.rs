@@ -89,44 +89,75 @@ pub const REGEX_WORK_PER_BYTE_BASE: u64 = 1024;
 /// Bytes of an expression's automata that count as one unit per byte of text searched.
 const REGEX_BYTES_PER_UNIT: u64 = 64;
 
+/// What the rule being compiled on this thread has parsed and compiled so far.
+#[derive(Clone, Copy, Debug, Default)]
+struct Compiling {
+    /// Bytes of JSONPath queries parsed.
+    query_bytes: usize,
+    /// Bytes the compiled regular expressions hold, and their search caches may grow to.
+    regex_bytes: usize,
+}
+
 thread_local! {
-    /// Query bytes the rule being compiled on this thread may still parse (`None`: no rule is
-    /// being compiled, nothing is counted).
-    static QUERY_BYTES_LEFT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    /// `None`: no rule is being compiled on this thread, nothing is counted.
+    static COMPILING: std::cell::Cell<Option<Compiling>> = const { std::cell::Cell::new(None) };
 }
 
-/// While it lives, the JSONPath queries parsed on this thread are counted against one rule's
-/// [`MAX_RULE_QUERY_BYTES`] ([`charge_query`]).
-pub(crate) struct QueryBudget {
-    previous: Option<usize>,
+/// While it lives, what is compiled on this thread is counted for one rule: the JSONPath
+/// queries it parses against [`MAX_RULE_QUERY_BYTES`] ([`charge_query`]), and what its queries
+/// and regular expressions hold ([`CompileMeter::held_bytes`]).
+pub(crate) struct CompileMeter {
+    previous: Option<Compiling>,
 }
 
-impl QueryBudget {
-    pub(crate) fn start() -> QueryBudget {
-        QueryBudget {
-            previous: QUERY_BYTES_LEFT.replace(Some(MAX_RULE_QUERY_BYTES)),
+/// What a parsed query keeps per byte of its text: 700,000 segments of `.a` kept 165 MB.
+const QUERY_HELD_PER_BYTE: usize = 128;
+
+impl CompileMeter {
+    pub(crate) fn start() -> CompileMeter {
+        CompileMeter {
+            previous: COMPILING.replace(Some(Compiling::default())),
         }
+    }
+
+    /// What the rule's compiled queries and regular expressions hold, as far as counted.
+    pub(crate) fn held_bytes(&self) -> usize {
+        COMPILING.get().map_or(0, |c| {
+            c.query_bytes
+                .saturating_mul(QUERY_HELD_PER_BYTE)
+                .saturating_add(c.regex_bytes)
+        })
     }
 }
 
-impl Drop for QueryBudget {
+impl Drop for CompileMeter {
     fn drop(&mut self) {
-        QUERY_BYTES_LEFT.set(self.previous);
+        COMPILING.set(self.previous);
     }
 }
 
 /// Counts a query of `bytes` against the rule being compiled; false (and nothing counted)
 /// when the rule's queries would be over [`MAX_RULE_QUERY_BYTES`].
 pub(crate) fn charge_query(bytes: usize) -> bool {
-    match QUERY_BYTES_LEFT.get() {
+    match COMPILING.get() {
         None => true,
-        Some(left) => match left.checked_sub(bytes) {
-            Some(rest) => {
-                QUERY_BYTES_LEFT.set(Some(rest));
-                true
+        Some(mut c) => {
+            let total = c.query_bytes.saturating_add(bytes);
+            if total > MAX_RULE_QUERY_BYTES {
+                return false;
             }
-            None => false,
-        },
+            c.query_bytes = total;
+            COMPILING.set(Some(c));
+            true
+        }
+    }
+}
+
+/// Counts what a compiled regular expression holds for the rule being compiled.
+fn count_regex(bytes: usize) {
+    if let Some(mut c) = COMPILING.get() {
+        c.regex_bytes = c.regex_bytes.saturating_add(bytes);
+        COMPILING.set(Some(c));
     }
 }
 
@@ -575,6 +606,8 @@ pub fn compile_regex(pattern: &str, size_limit: usize) -> Result<RuleRegex, Rege
         .build(pattern)
         .map(|regex| {
             let held = regex.memory_usage() as u64;
+            // Its automata, and the lazy DFA's cache, which may grow to the same share.
+            count_regex(regex.memory_usage().saturating_add(size_limit));
             RuleRegex {
                 work_per_byte: REGEX_WORK_PER_BYTE_BASE + held / REGEX_BYTES_PER_UNIT,
                 work_limit: REGEX_SEARCH_WORK,

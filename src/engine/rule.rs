@@ -17,7 +17,7 @@ use super::error::{Errors, IdentityChange, InternalError, RuleErrors};
 use super::gate::{self, CompiledGate};
 use super::journal::Journal;
 use super::kind::{Gvk, KindPattern};
-use super::limits::{MAX_RULE_REGEXES, Meter, QueryBudget, Stop, regex_share};
+use super::limits::{CompileMeter, MAX_RULE_REGEXES, Meter, Stop, regex_share};
 use super::lookup::{self, CompiledLookup, Found, LookupStore, LookupTarget};
 use super::matching::{Conditions, MatchError, Matcher, Needs};
 use super::mutation::{self, Mutation, MutationError};
@@ -168,6 +168,8 @@ pub struct CompiledRule {
     mutations: Vec<Mutation>,
     gate: Option<Gated>,
     lookups: Vec<CompiledLookup>,
+    /// What the compiled rule holds, measured when it was compiled ([`CompiledRule::held_bytes`]).
+    held_bytes: usize,
 }
 
 /// A rule's gate: what the gate controller reads, and the mutations that hold a Pod.
@@ -254,6 +256,13 @@ impl CompiledRule {
     /// Namespace names the rule is limited to when they are all literal (for the index).
     pub(crate) fn literal_namespaces(&self) -> Option<Vec<String>> {
         self.matcher.literal_namespaces()
+    }
+
+    /// What the compiled rule holds, as measured when it was compiled: its spec's bytes, what
+    /// its JSONPath queries keep, and its regular expressions' automata and search caches. What
+    /// per-namespace quotas count (`--max-rule-bytes-per-namespace`).
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
     }
 
     pub(crate) fn order(&self, other: &CompiledRule) -> Ordering {
@@ -426,6 +435,10 @@ fn check_identity(journal: &Journal, doc: &Value) -> Result<(), Stop> {
 }
 
 /// Compiles a rule, or lists every problem in it with its field path.
+/// What a rule's values hold in memory per byte of its spec's JSON, at most (a JSON value in
+/// memory takes a few times its text: a `String` or a map entry per short string).
+const SPEC_HELD_PER_BYTE: usize = 4;
+
 pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> {
     let mut errors = Errors::default();
     let matcher = Matcher::compile(&spec.match_, "spec.match", false, &mut errors);
@@ -468,8 +481,9 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
     }
     let regex_limit = regex_share(regexes);
     // Every JSONPath the rule's fields hold counts against one bound from here on (counting
-    // the regexes above parsed the templates without keeping them).
-    let _queries = QueryBudget::start();
+    // the regexes above parsed the templates without keeping them), and what its queries and
+    // regexes hold is measured.
+    let meter = CompileMeter::start();
     let lookups = lookup::compile(&id, &spec.lookups, &mut errors);
     let conditions = Conditions::compile(&spec.conditions, regex_limit, &mut errors);
     if spec.mutations.is_empty() && spec.gate.is_none() {
@@ -527,7 +541,14 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
             errors: errors.first_few(),
         });
     }
+    // The rule's measured size: what the API server stored (its spec as JSON, a bound on what
+    // the compiled literals hold) and what its queries and regexes hold.
+    let spec_bytes = serde_json::to_vec(spec).map_or(0, |v| v.len());
+    let held_bytes = spec_bytes
+        .saturating_mul(SPEC_HELD_PER_BYTE)
+        .saturating_add(meter.held_bytes());
     Ok(CompiledRule {
+        held_bytes,
         id,
         priority: spec.priority,
         failure_policy: spec.failure_policy,

@@ -117,6 +117,16 @@ pub struct ServeArgs {
     /// Element × mutation steps one rule's forEach mutations may take in one object.
     #[arg(long, default_value_t = 100_000)]
     pub max_foreach_steps: usize,
+    /// MutationRules of one namespace that may be Ready; the ones past it (the newest
+    /// first) are not Ready, with reason QuotaExceeded. ClusterMutationRules do not count.
+    #[arg(long, default_value_t = 1_000)]
+    pub max_rules_per_namespace: usize,
+    /// What the Ready MutationRules of one namespace may make initium hold, as measured when
+    /// each is compiled (its spec, its JSONPath queries, its regular expressions and their
+    /// search caches); a rule that would take the namespace past it is not Ready, with reason
+    /// QuotaExceeded.
+    #[arg(long, default_value = "32Mi", value_parser = bytes)]
+    pub max_rule_bytes_per_namespace: usize,
 }
 
 impl ServeArgs {

@@ -176,6 +176,10 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     config.lease.identity = args.identity.clone();
     config.gate_release_concurrency = usize::from(args.gate_release_concurrency);
     config.audit_report_interval = args.audit_report_interval;
+    config.quotas = crate::controller::Quotas {
+        rules_per_namespace: args.max_rules_per_namespace,
+        rule_bytes_per_namespace: args.max_rule_bytes_per_namespace,
+    };
     config.tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => TlsSource::files(
             cert,
