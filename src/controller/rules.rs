@@ -1060,7 +1060,7 @@ mod tests {
             rules_per_namespace: 10,
             rule_bytes_per_namespace: 1000,
         };
-        let mut verdicts = vec![Verdict::Ready, Verdict::Ready, Verdict::Ready];
+        let mut verdicts = [Verdict::Ready, Verdict::Ready, Verdict::Ready];
         let sizes = [600, 500, 300];
         let mut rules: Vec<_> = ids[..3]
             .iter()
