@@ -36,6 +36,9 @@ pub struct CompiledGate {
     pub on_timeout: OnTimeout,
 }
 
+/// How long the conditions of one `object` dependency may take to judge one object.
+pub const OBJECT_JUDGE_BUDGET: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// A named object; `namespace: None` is the waiting Pod's own namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Target {
@@ -112,10 +115,20 @@ impl Dependency {
     }
 
     /// For `object`: whether its conditions hold on `object` (no conditions: it exists).
+    /// The gate controller judges every waiting Pod's dependencies in one loop, so a tenant's
+    /// slow conditions (each search is bounded, see `limits::REGEX_SEARCH_WORK`) must not hold
+    /// up the releases of other namespaces: the clock is read before every condition, and
+    /// conditions still unjudged after [`OBJECT_JUDGE_BUDGET`] do not hold (the Pod waits, and
+    /// its gate's timeout decides).
     pub fn object_holds(&self, object: &Value) -> bool {
         match self {
             // A condition whose query fails on this object does not hold.
-            Dependency::Object { conditions, .. } => conditions.hold(object).unwrap_or(false),
+            Dependency::Object { conditions, .. } => conditions
+                .hold_until(
+                    object,
+                    Some(std::time::Instant::now() + OBJECT_JUDGE_BUDGET),
+                )
+                .unwrap_or(false),
             _ => false,
         }
     }
@@ -523,6 +536,64 @@ fn describe_selector(s: &LabelSelector) -> String {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn slow_object_conditions_are_judged_within_their_budget() {
+        // 30 searches of 6 KB on which the lazy DFA thrashes, the match at the end of each:
+        // judged in full they take far longer than the loop that releases every Pod can wait.
+        let specs: Vec<api::Condition> = serde_json::from_value(serde_json::json!(
+            (0..30)
+                .map(|_| serde_json::json!({"path": "$.data.blob", "matches": "a[ab]{100}c"}))
+                .collect::<Vec<_>>()
+        ))
+        .unwrap_or_default();
+        let mut errors = Errors::default();
+        let conditions = Conditions::compile_at(&specs, "c", 1 << 20, &mut errors);
+        assert!(errors.errors.is_empty());
+        let dependency = Dependency::Object {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            target: Target {
+                namespace: None,
+                name: "cm".into(),
+            },
+            conditions,
+        };
+        let mut blob: String = (0..6_000)
+            .map(|i: u64| match (i * 2_654_435_761) % 97 {
+                96 => 'c',
+                n if n % 2 == 0 => 'a',
+                _ => 'b',
+            })
+            .collect();
+        blob.push('a');
+        blob.push_str(&"b".repeat(100));
+        blob.push('c');
+        let object = serde_json::json!({"data": {"blob": blob}});
+        let started = std::time::Instant::now();
+        assert!(!dependency.object_holds(&object));
+        // One condition may run past the budget (a search cannot be interrupted), not 30.
+        assert!(
+            started.elapsed() < OBJECT_JUDGE_BUDGET * 8,
+            "{:?}",
+            started.elapsed()
+        );
+        // Quick conditions are judged as before.
+        let quick: Vec<api::Condition> =
+            serde_json::from_value(serde_json::json!([{"path": "$.data.blob", "exists": true}]))
+                .unwrap_or_default();
+        let mut errors = Errors::default();
+        let quick = Dependency::Object {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            target: Target {
+                namespace: None,
+                name: "cm".into(),
+            },
+            conditions: Conditions::compile_at(&quick, "c", 1 << 20, &mut errors),
+        };
+        assert!(quick.object_holds(&object));
+    }
 
     fn selector(labels: &[(&str, &str)]) -> LabelSelector {
         LabelSelector {
