@@ -203,14 +203,9 @@ impl Conditions {
 
     /// Whether every condition holds; an error names the condition whose query would do too
     /// much work on this object.
+    #[cfg(test)]
     pub(crate) fn hold(&self, object: &Value) -> Result<bool, MatchError> {
-        self.hold_on(object, object)
-    }
-
-    /// [`Conditions::hold`] with paths over `value` (a list element) and `in` queries over
-    /// `object`.
-    pub(crate) fn hold_on(&self, value: &Value, object: &Value) -> Result<bool, MatchError> {
-        self.hold_prepared(value, &self.prepare(object)?)
+        self.hold_until(object, None)
     }
 
     /// The index of the first condition that does not hold for `object` (`None`: all hold).
