@@ -108,14 +108,27 @@ fn read_text(file: &Path) -> Result<(String, String)> {
 pub const YAML_MAX_DEPTH: usize = 64;
 /// Documents in one YAML file (a rendered chart can hold thousands).
 const YAML_MAX_DOCUMENTS: usize = 100_000;
-/// Nodes in one YAML file, aliases expanded (the guard against "billion laughs").
+/// Nodes in one YAML file, aliases expanded (the guard against "billion laughs"): at most
+/// [`YAML_NODES_PER_BYTE`] per byte of the file, at least [`YAML_MIN_NODES`], at most
+/// [`YAML_MAX_NODES`]. A file without aliases has fewer nodes than bytes; with them, what it
+/// expands to stays a small multiple of the file (1,865 bytes of nested aliases expanded to
+/// 10 million values, 164 MB, under a fixed bound).
 const YAML_MAX_NODES: usize = 2_000_000;
+const YAML_MIN_NODES: usize = 100_000;
+const YAML_NODES_PER_BYTE: usize = 8;
 
-fn yaml_options() -> serde_saphyr::Options {
+/// The most nodes a YAML text of `bytes` may expand to.
+fn yaml_max_nodes(bytes: usize) -> usize {
+    bytes
+        .saturating_mul(YAML_NODES_PER_BYTE)
+        .clamp(YAML_MIN_NODES, YAML_MAX_NODES)
+}
+
+fn yaml_options(bytes: usize) -> serde_saphyr::Options {
     let mut budget = serde_saphyr::Budget::default();
     budget.max_depth = YAML_MAX_DEPTH;
     budget.max_documents = YAML_MAX_DOCUMENTS;
-    budget.max_nodes = YAML_MAX_NODES;
+    budget.max_nodes = yaml_max_nodes(bytes);
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
     options
@@ -123,7 +136,7 @@ fn yaml_options() -> serde_saphyr::Options {
 
 /// The YAML reader's error as a sentence: its limits and its advice to the programmer
 /// ("set DuplicateKeyPolicy in Options") become what the person who wrote the file can do.
-fn yaml_error(error: &serde_saphyr::Error) -> String {
+fn yaml_error(error: &serde_saphyr::Error, bytes: usize) -> String {
     use serde_saphyr::budget::BudgetBreach;
     let mut inner = error;
     while let serde_saphyr::Error::AliasError { error, .. }
@@ -150,7 +163,8 @@ fn yaml_error(error: &serde_saphyr::Error) -> String {
         ),
         BudgetBreach::Events { .. } => "the YAML is too large once its aliases (*name) are expanded; write the repeated parts out or split the file".to_string(),
         BudgetBreach::Nodes { .. } => format!(
-            "the YAML has more than {YAML_MAX_NODES} values once its aliases (*name) are expanded; write the repeated parts out or split the file"
+            "the YAML has more than {} values once its aliases (*name) are expanded ({YAML_NODES_PER_BYTE} per byte of the file, at least {YAML_MIN_NODES}, at most {YAML_MAX_NODES}); write the repeated parts out or split the file",
+            yaml_max_nodes(bytes)
         ),
         BudgetBreach::Aliases { .. }
         | BudgetBreach::Anchors { .. }
@@ -176,8 +190,14 @@ pub fn parse_documents(origin: &str, text: &str) -> Result<Vec<Document>> {
     } else {
         // The reader's own text is replaced, not kept as a cause: it speaks to programmers
         // ("set DuplicateKeyPolicy in Options") and [`yaml_error`] says it for the author.
-        serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options())
-            .map_err(|e| Error::input(origin, format!("invalid YAML: {}", yaml_error(&e))))?
+        serde_saphyr::from_multiple_with_options::<Value>(text, yaml_options(text.len())).map_err(
+            |e| {
+                Error::input(
+                    origin,
+                    format!("invalid YAML: {}", yaml_error(&e, text.len())),
+                )
+            },
+        )?
     };
     let many = values.len() > 1;
     let mut docs = Vec::new();
@@ -300,10 +320,13 @@ mod tests {
         let e = error(&deep);
         assert!(e.contains("nests deeper than 64 levels"), "{e}");
         // 100,001 documents take a minute to read in a debug build: the breach is made here.
-        let many = yaml_error(&serde_saphyr::Error::Budget {
-            breach: serde_saphyr::budget::BudgetBreach::Documents { documents: 100_001 },
-            location: serde_saphyr::Location::UNKNOWN,
-        });
+        let many = yaml_error(
+            &serde_saphyr::Error::Budget {
+                breach: serde_saphyr::budget::BudgetBreach::Documents { documents: 100_001 },
+                location: serde_saphyr::Location::UNKNOWN,
+            },
+            100,
+        );
         assert_eq!(
             many,
             "the file has more than 100000 YAML documents; split it into several files"
@@ -317,6 +340,15 @@ mod tests {
         }
         let e = error(&laughs.join("\n"));
         assert!(e.contains("once its aliases (*name) are expanded"), "{e}");
+        // What a file may expand to grows with the file, so a short one expands little.
+        let text = laughs[..7].join("\n");
+        let e = error(&text);
+        assert!(
+            e.contains("the YAML has more than 100000 values once its aliases (*name) are expanded (8 per byte of the file"),
+            "{e}"
+        );
+        assert_eq!(super::yaml_max_nodes(1 << 20), 2_000_000);
+        assert_eq!(super::yaml_max_nodes(50_000), 400_000);
         let e = error("a: 1\na: 2\n");
         assert!(e.contains("a key may appear only once in a mapping"), "{e}");
         for e in [

@@ -580,6 +580,30 @@ pub fn object(rng: &mut Rng) -> Value {
     if !obj.is_object() {
         obj = json!({"apiVersion": "v1", "kind": "Pod", "spec": obj});
     }
+    if rng.chance(4) {
+        // Text the lazy DFA thrashes on (a/b with a `c` now and then), for counted repetitions
+        // (issue 30: 58 s for a 1 MB rewrite), in the name and an annotation.
+        let len = rng.range(1_000, 60_000);
+        let text: String = (0..len)
+            .map(|i| match (i * 2_654_435_761usize) % 97 {
+                96 => 'c',
+                n if n % 2 == 0 => 'a',
+                _ => 'b',
+            })
+            .collect();
+        set_pointer(&mut obj, "/metadata/annotations/blob", json!(text.clone()));
+        if rng.chance(50) {
+            set_pointer(&mut obj, "/metadata/name", json!(text));
+        }
+    }
+    if rng.chance(3) {
+        // Many nodes, nested: what `in: $..*` turns into keys (issue 30: a 61 KB Pod, 415 MB).
+        obj = nest(rng, obj);
+        let wide: Vec<Value> = (0..rng.range(100, 2_000))
+            .map(|i| json!({"name": format!("e{i}"), "value": {"a": [i, {"b": "x"}]}}))
+            .collect();
+        set_pointer(&mut obj, "/spec/wide", json!(wide));
+    }
     obj
 }
 
@@ -693,7 +717,9 @@ fn condition_on(rng: &mut Rng, path: String) -> Value {
         1 => json!({"path": path, "equals": value(rng, 2, false, false)}),
         2 => json!({"path": path, "exists": rng.chance(50)}),
         3 => json!({"path": path, "notEquals": value(rng, 2, false, false)}),
-        4 => json!({"path": path, "in": jsonpath(rng)}),
+        4 => {
+            json!({"path": path, "in": if rng.chance(20) { "$..*".to_string() } else { jsonpath(rng) }})
+        }
         5 => json!({"path": path, "greaterThan": *rng.pick(&["1", "512Mi", "250m", "x", "1e400"])}),
         6 => json!({"path": path, "lessThan": rng.range(0, 100)}),
         _ => json!({"path": path, "matches": regex(rng), "exists": true}),
@@ -815,7 +841,7 @@ fn mutation(rng: &mut Rng) -> Value {
 /// expensive regexes. Sizes are parameters, so the shrinker can cut them down.
 fn hostile_mutations(rng: &mut Rng) -> Vec<Value> {
     let n = rng.range(2, 30);
-    let kind = rng.below(7);
+    let kind = rng.below(10);
     (0..n)
         .map(|i| match kind {
             0 => json!({"forEach": rng.pick(&["$..*", "$..[*]", "$.spec..*"]).to_string(),
@@ -826,6 +852,15 @@ fn hostile_mutations(rng: &mut Rng) -> Vec<Value> {
             4 => json!({"forEach": "$..*", "mutations": [{"upsert": {"path": "/list", "key": "name",
                         "value": {"name": format!("e{i}"), "all": "{{ $ }}"}}}]}),
             5 => json!({"rewrite": {"path": "/metadata/name", "regex": format!("(\\w{{20}}){{{}}}", 1 + i % 20), "replacement": "$0"}}),
+            // A template query of many segments (issue 30: 700,000 took 782 MB to compile).
+            7 => json!({"merge": {"metadata": {"labels": {format!("q{i}"):
+                        format!("{{{{ ${} }}}}", ".a".repeat(rng.range(1, 200_000)))}}}}),
+            // Counted repetitions the lazy DFA thrashes on, over a string the rule grows.
+            8 => json!({"rewrite": {"path": "/metadata/name",
+                        "regex": format!("a[ab]{{{}}}c", rng.range(5, 400)), "replacement": "$0ab"}}),
+            // `remove ... in:` over every node, inside forEach.
+            9 => json!({"forEach": "$.spec.containers[*]", "mutations": [
+                        {"remove": {"path": "/env", "where": [{"path": "@.name", "in": "$..*"}]}}]}),
             _ => json!({"forEach": "$.spec.containers[*]", "mutations": [
                         {"merge": {"env": [{"name": "X", "value": "{{ @.name }}{{ @.name }}"}], "args": "{{ @ }}"}}]}),
         })
