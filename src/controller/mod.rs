@@ -144,6 +144,9 @@ pub struct ControllerConfig {
     pub gate_release_concurrency: usize,
     /// How often each replica publishes the audit Events (`--audit-report-interval`).
     pub audit_report_interval: Duration,
+    /// Audit Events per namespace and interval (`--max-audit-events-per-namespace`); more are
+    /// summed up in one.
+    pub max_audit_events_per_namespace: usize,
 }
 
 /// Default `--gate-release-concurrency`: on the 2-core test machine, 1,000 Pods released by
@@ -169,6 +172,7 @@ impl ControllerConfig {
             resync_interval: Duration::from_secs(60),
             gate_release_concurrency: usize::from(DEFAULT_GATE_RELEASE_CONCURRENCY),
             audit_report_interval: audit::DEFAULT_AUDIT_REPORT_INTERVAL,
+            max_audit_events_per_namespace: audit::DEFAULT_MAX_AUDIT_EVENTS_PER_NAMESPACE as usize,
         }
     }
 
@@ -349,6 +353,7 @@ pub async fn run(
         snapshot_rx.clone(),
         identity,
         config.audit_report_interval,
+        config.max_audit_events_per_namespace,
     ));
     duties.start(status::Status::new(
         client.clone(),
