@@ -140,8 +140,10 @@ impl ForEach {
                                 // Built now, and again at the next element: mutations of this
                                 // one may change what the queries select.
                                 *sets = None;
-                                remove.apply(Site::object(doc, element, lookups), journal, meter)
+                                m.apply(doc, element, lookups, journal, meter)
                             } else {
+                                // As `Mutation::apply`: a step, then the mutation.
+                                meter.tick()?;
                                 remove.apply_reusing(
                                     Site::object(doc, element, lookups),
                                     journal,
