@@ -568,6 +568,8 @@ mod tests {
             "$.spec.containers[?@.name == $.metadata.name].volumeMounts[*].name",
             "$.spec.containers[0].volumeMounts[0].name",
             "$.metadata.keep[*]",
+            "$.spec.containers[?@.seen].volumeMounts[*].name",
+            "$.spec.volumes[?@.name == 'v4'].volumeMounts[*].name",
         ];
         let mut rng = Rng(0x853c_49e6_748f_ea9b);
         let (mut cases, mut kept) = (0, 0);
@@ -609,6 +611,9 @@ mod tests {
                                   "value": {"name": "v0", "mountPath": "/new"}}}),
                 json!({"merge": {"seen": "{{ @.name }}"}}),
                 json!({"merge": {"volumeMounts": [{"name": "v2"}]}}),
+                // What filters read: names and hostPaths change too.
+                json!({"merge": {"name": "v4"}}),
+                json!({"merge": {"hostPath": null}}),
             ];
             let mut mutations = vec![remove(&mut rng)];
             for _ in 0..rng.below(3) {
