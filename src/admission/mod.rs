@@ -636,9 +636,15 @@ mod tests {
             cause["field"], "spec.mutations[0].merge.a.a.a.a...",
             "{answer}"
         );
-        // Within what initium reads, the rule is compiled as any other.
+        // Within what initium reads, the rule is compiled as any other: a value deeper than
+        // a rule may write is refused by the depth limit, with its own sentence.
         let (status, text) = post(&shared, "/validate", review(120)).await;
         assert_eq!(status, StatusCode::OK, "{text}");
         assert!(!text.contains("initium reads a rule"), "{text}");
+        assert!(
+            text.contains("\"allowed\":false")
+                && text.contains("spec.mutations[0].merge: the value nests 120 levels deep"),
+            "{text}"
+        );
     }
 }

@@ -215,6 +215,20 @@ impl Compiler<'_> {
             regex_limit: self.regex_limit,
         };
         match Template::compile_in(value, &roots) {
+            // A value written as it is, deeper than anything may be written: it would fail
+            // at every admission, so it is refused now, with the rule.
+            Ok(t) if t.literal().is_some() && t.size().depth > MAX_DEPTH => {
+                self.push(
+                    field,
+                    format!(
+                        "the value nests {} levels deep; a rule may write values at most \
+                         {MAX_DEPTH} levels below the object's root (the depth limit): make the \
+                         value shallower",
+                        t.size().depth
+                    ),
+                );
+                None
+            }
             Ok(t) => {
                 self.renders |= t.literal().is_none();
                 Some(t)
@@ -691,6 +705,38 @@ mod tests {
         let m = compile(&spec, "spec.mutations[0]", 1 << 20, &[], &mut errors);
         assert!(m.is_none(), "an error means no mutation");
         errors.errors.iter().map(ToString::to_string).collect()
+    }
+
+    /// A literal value deeper than the depth limit could never be written: the validating
+    /// webhook accepted such a rule (120 levels) and every admission then failed it.
+    #[test]
+    fn a_value_deeper_than_the_depth_limit_is_refused_at_compile_time() {
+        let nested = |levels: usize| {
+            let mut value = json!("x");
+            for _ in 0..levels {
+                value = json!({ "a": value });
+            }
+            value
+        };
+        assert_eq!(
+            compile_errors(json!({"merge": nested(120)})),
+            [
+                "spec.mutations[0].merge: the value nests 120 levels deep; a rule may write values at most 100 levels below the object's root (the depth limit): make the value shallower"
+            ]
+        );
+        assert_eq!(
+            compile_errors(json!({"forEach": "$.spec.containers[*]", "mutations": [
+                {"upsert": {"path": "/env", "key": "a", "value": nested(101)}}
+            ]}))
+            .len(),
+            1
+        );
+        assert!(
+            compile_errors(json!({"patch": [{"op": "add", "path": "/x", "value": nested(101)}]}))
+                [0]
+            .contains("(the depth limit)")
+        );
+        compiled(json!({"merge": nested(100)}));
     }
 
     #[test]
