@@ -630,6 +630,48 @@ spec:
     assert!(String::from_utf8_lossy(&out.stderr).contains("spec.mutations[0].rewrite.regex"));
 }
 
+/// Issue 30, finding 10 (d): the API server takes a rule nested 150 levels deep; initium
+/// could not read it and answered 400, which kubectl printed as "the server rejected our
+/// request for an unknown reason". Now the rule is refused with a sentence naming it, the
+/// field and the limits.
+#[test]
+fn a_rule_nested_deeper_than_initium_reads_is_refused_with_a_sentence() {
+    let _serial = serial_blocking();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let _initium = Initium::start(&unique("initium-deep"), &own, &[]);
+    let mut deep = String::from("x");
+    for _ in 0..150 {
+        deep = format!("{{\"a\": {deep}}}").replace("{\"a\": x}", "{\"a\": \"x\"}");
+    }
+    let rule = format!(
+        "{{\"apiVersion\": \"initium.dev/v1alpha1\", \"kind\": \"ClusterMutationRule\", \
+         \"metadata\": {{\"name\": \"too-deep\"}}, \"spec\": {{\"match\": {{\"kinds\": \
+         [\"Pod\"]}}, \"mutations\": [{{\"merge\": {deep}}}]}}}}"
+    );
+    let out = eventually_blocking(
+        "the validating webhook to refuse the rule",
+        Duration::from_secs(5),
+        || {
+            let out = kubectl_stdin(&["apply", "-f", "-"], &rule);
+            if out.status.success() {
+                let _ = kubectl(&["delete", "cmr", "too-deep", "--ignore-not-found"]);
+                return Err("the rule was accepted".into());
+            }
+            Ok(out)
+        },
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("unknown reason"), "{stderr}");
+    assert!(
+        stderr.contains("spec.mutations[0].merge.a.a.a.a...")
+            && stderr.contains("The ClusterMutationRule \"too-deep\" is invalid")
+            && stderr.contains("(the depth limit)"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_rule_matching_everything_never_touches_initiums_namespace_or_kube_system() {
     let _serial = serial_blocking();
@@ -1276,6 +1318,96 @@ fn an_audit_rule_changes_no_pod_and_reports_to_the_client_the_metrics_and_events
                 None => Err(format!("{events}")),
             }
         },
+    );
+}
+
+/// Issue 30, finding 10 (c): Audit Events were bounded per rule, so many Audit rules in one
+/// namespace wrote as many Events there each interval. With 12 Audit rules and
+/// `--max-audit-events-per-namespace 4`, one Pod gives the namespace 4 Events: 3 rules' and
+/// one that sums up the other 9.
+#[test]
+fn audit_events_are_bounded_per_namespace_on_a_real_api_server() {
+    let _serial = serial_blocking();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let _initium = Initium::start(
+        &unique("audit-bound"),
+        &own,
+        &[
+            "--audit-report-interval",
+            "1s",
+            "--max-audit-events-per-namespace",
+            "4",
+        ],
+    );
+    let shop = namespace("shop");
+    for i in 0..12 {
+        apply(&format!(
+            "apiVersion: initium.dev/v1alpha1\nkind: MutationRule\nmetadata: {{name: audit-{i:02}, namespace: {shop}}}\nspec:\n  mode: Audit\n  match: {{kinds: [Pod]}}\n  mutations:\n  - merge: {{metadata: {{labels: {{rule{i}: x}}}}}}\n"
+        ));
+    }
+    eventually_blocking(
+        "the 12 Audit rules to be Ready",
+        Duration::from_secs(20),
+        || {
+            let ready = (0..12)
+                .filter(|i| {
+                    ready_status("mr", Some(&shop), &format!("audit-{i:02}")).as_deref()
+                        == Some("True")
+                })
+                .count();
+            if ready == 12 {
+                Ok(())
+            } else {
+                Err(format!("{ready} of 12 Ready"))
+            }
+        },
+    );
+    ok(
+        kubectl_stdin(&["create", "-f", "-"], &pod_yaml(&shop, "web")),
+        "create Pod",
+    );
+    let events = || {
+        let events = json(ok(
+            kubectl(&["get", "events.events.k8s.io", "-n", &shop, "-o", "json"]),
+            "get events",
+        ));
+        events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["regarding"]["kind"] == "MutationRule")
+            .cloned()
+            .collect::<Vec<Value>>()
+    };
+    eventually_blocking("the summary Event", Duration::from_secs(20), || {
+        let found = events();
+        if found.iter().any(|e| e["reason"] == "AuditEventsSummarized") {
+            Ok(())
+        } else {
+            Err(format!("{found:?}"))
+        }
+    });
+    // Another interval passes: no more Events come (nothing new was admitted).
+    std::thread::sleep(Duration::from_secs(3));
+    let found = events();
+    let reasons: Vec<&str> = found.iter().filter_map(|e| e["reason"].as_str()).collect();
+    assert_eq!(found.len(), 4, "{reasons:?}");
+    assert_eq!(
+        reasons.iter().filter(|r| **r == "AuditWouldChange").count(),
+        3,
+        "{reasons:?}"
+    );
+    let summary = found
+        .iter()
+        .find(|e| e["reason"] == "AuditEventsSummarized")
+        .and_then(|e| e["note"].as_str())
+        .unwrap_or_default();
+    assert!(
+        summary.contains(&format!("9 more Audit rule(s) of namespace {shop}"))
+            && summary.contains("--max-audit-events-per-namespace"),
+        "{summary}"
     );
 }
 

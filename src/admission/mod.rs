@@ -591,4 +591,60 @@ mod tests {
         assert_eq!(status, StatusCode::OK, "{text}");
         assert_eq!(shared.inflight.used(), 0, "every byte given back");
     }
+
+    /// Issue 30, finding 10 (d): a rule whose value nests 150 levels deep passes the API
+    /// server (it reads JSON 10,000 levels deep) but not serde_json (128): the validating
+    /// webhook answered 400, which kubectl showed as "the server rejected our request for an
+    /// unknown reason". Now the rule is denied naming itself, the field and the limits.
+    #[tokio::test]
+    async fn a_rule_nested_deeper_than_initium_reads_is_denied_naming_the_rule_and_field() {
+        let shared = shared();
+        let nested = |levels: usize| {
+            let mut value = serde_json::json!("x");
+            for _ in 0..levels {
+                value = serde_json::json!({ "a": value });
+            }
+            value
+        };
+        let review = |levels: usize| {
+            let mut review: serde_json::Value = serde_json::from_str(RULE_REVIEW).expect("JSON");
+            review["request"]["object"]["spec"]["mutations"][0] =
+                serde_json::json!({ "merge": nested(levels) });
+            serde_json::to_vec(&review).expect("JSON")
+        };
+        let (status, text) = post(&shared, "/validate", review(150)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let answer: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let response = &answer["response"];
+        assert_eq!(response["allowed"], false, "{answer}");
+        assert_eq!(response["status"]["code"], 422, "{answer}");
+        assert_eq!(
+            response["uid"],
+            serde_json::from_str::<serde_json::Value>(RULE_REVIEW).expect("JSON")["request"]["uid"]
+        );
+        let message = response["status"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(
+                "MutationRule payments/test-certs: spec.mutations[0].merge.a.a.a.a..."
+            ) && message.contains("nests 154 levels deep")
+                && message.contains("at most 125 levels deep")
+                && message.contains("at most 100 levels below the object's root (the depth limit)"),
+            "{message}"
+        );
+        let cause = &response["status"]["details"]["causes"][0];
+        assert_eq!(
+            cause["field"], "spec.mutations[0].merge.a.a.a.a...",
+            "{answer}"
+        );
+        // Within what initium reads, the rule is compiled as any other: a value deeper than
+        // a rule may write is refused by the depth limit, with its own sentence.
+        let (status, text) = post(&shared, "/validate", review(120)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert!(!text.contains("initium reads a rule"), "{text}");
+        assert!(
+            text.contains("\"allowed\":false")
+                && text.contains("spec.mutations[0].merge: the value nests 120 levels deep"),
+            "{text}"
+        );
+    }
 }

@@ -431,6 +431,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_review_too_deep_to_parse_is_read_for_its_uid_rule_and_field() {
+        let mut deep = String::from("\"x\"");
+        for n in 0..200 {
+            deep = if n % 2 == 0 {
+                format!("[1, \"a]b\", {deep}]")
+            } else {
+                format!("{{\"k\\\"{n}\": {deep}}}")
+            };
+        }
+        let body = format!(
+            "{{\"apiVersion\": \"admission.k8s.io/v1\", \"request\": {{\"namespace\": \"ns\", \
+             \"object\": {{\"kind\": \"MutationRule\", \"spec\": {{\"v\": {deep}}}, \
+             \"metadata\": {{\"name\": \"r\\u0031\"}}}}, \"uid\": \"u-1\"}}}}"
+        );
+        assert!(parse(body.as_bytes()).is_err());
+        let found = too_deep(body.as_bytes()).expect("too deep");
+        assert_eq!(found.uid.as_deref(), Some("u-1"));
+        assert_eq!(found.kind.as_deref(), Some("MutationRule"));
+        assert_eq!(found.name.as_deref(), Some("r1"));
+        assert_eq!(found.namespace.as_deref(), Some("ns"));
+        assert_eq!(found.depth, 202);
+        assert_eq!(found.field, "spec.v.k\"199[2].k\"197[2].k\"195[2]...");
+        let shallow = br#"{"kind": "AdmissionReview", "request": {"uid": "u", "object": {}}}"#;
+        assert_eq!(
+            too_deep(shallow),
+            None,
+            "a review within the limit is not too deep"
+        );
+    }
+
+    #[test]
     fn warnings_are_single_lines_within_the_api_server_limits() {
         assert_eq!(one_warning("a\n\tb  c\u{7f}d"), "a b c d");
         let long = "x".repeat(300);
@@ -462,4 +493,134 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("v1beta1"), "{e}");
     }
+}
+
+/// What [`too_deep`] finds in a review nested deeper than `serde_json` reads.
+#[derive(Debug, Default, PartialEq)]
+pub struct TooDeep {
+    pub uid: Option<String>,
+    pub kind: Option<String>,
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    /// The field of `request.object` where the nesting first passed the limit, as a rule's
+    /// fields are written (`spec.mutations[0].merge.a.a`), at most [`SHOWN_SEGMENTS`] of it.
+    pub field: String,
+    /// How deep `request.object` nests (its fields count from 1).
+    pub depth: usize,
+}
+
+/// The deepest nesting `serde_json` reads (its recursion limit is 128: the 128th level is
+/// refused), counted from the review's root (the review 1, `request` 2, `request.object` 3).
+pub const READ_DEPTH: usize = 127;
+
+/// Segments of a too-deep field that a message shows.
+const SHOWN_SEGMENTS: usize = 8;
+
+/// A review nested deeper than [`READ_DEPTH`], read without building it (a loop over the
+/// bytes, no recursion): the request's uid, the object's kind, name and namespace, and where
+/// the object is too deep. `None` when the body nests no deeper than that, or is not JSON.
+pub fn too_deep(body: &[u8]) -> Option<TooDeep> {
+    #[derive(Clone)]
+    enum Seg {
+        Key(String),
+        Index(usize),
+    }
+    let mut found = TooDeep::default();
+    let mut path: Vec<Seg> = Vec::new();
+    // Per open container: an object (`true`) or a list.
+    let mut objects: Vec<bool> = Vec::new();
+    let mut expect_key = false;
+    let mut deepest = 0usize;
+    let mut first_deep: Option<Vec<Seg>> = None;
+    let is = |path: &[Seg], want: &[&str]| {
+        path.len() == want.len()
+            && path
+                .iter()
+                .zip(want)
+                .all(|(s, w)| matches!(s, Seg::Key(k) if k == w))
+    };
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'{' | b'[' => {
+                let object = body[i] == b'{';
+                objects.push(object);
+                path.push(if object {
+                    Seg::Key(String::new())
+                } else {
+                    Seg::Index(0)
+                });
+                expect_key = object;
+                deepest = deepest.max(objects.len());
+                if objects.len() > READ_DEPTH && first_deep.is_none() {
+                    first_deep = Some(path.clone());
+                }
+                i += 1;
+            }
+            b'}' | b']' => {
+                objects.pop()?;
+                path.pop();
+                expect_key = false;
+                i += 1;
+            }
+            b',' => {
+                match (objects.last(), path.last_mut()) {
+                    (Some(true), _) => expect_key = true,
+                    (Some(false), Some(Seg::Index(n))) => *n += 1,
+                    _ => return None,
+                }
+                i += 1;
+            }
+            b'"' => {
+                let start = i;
+                i += 1;
+                while i < body.len() && body[i] != b'"' {
+                    i += if body[i] == b'\\' { 2 } else { 1 };
+                }
+                let text: String = serde_json::from_slice(body.get(start..=i)?).ok()?;
+                i += 1;
+                if expect_key {
+                    if let Some(last) = path.last_mut() {
+                        *last = Seg::Key(text);
+                    }
+                    expect_key = false;
+                } else {
+                    let slot = if is(&path, &["request", "uid"]) {
+                        &mut found.uid
+                    } else if is(&path, &["request", "object", "kind"]) {
+                        &mut found.kind
+                    } else if is(&path, &["request", "object", "metadata", "name"]) {
+                        &mut found.name
+                    } else if is(&path, &["request", "object", "metadata", "namespace"])
+                        || (is(&path, &["request", "namespace"]) && found.namespace.is_none())
+                    {
+                        &mut found.namespace
+                    } else {
+                        continue;
+                    };
+                    *slot = Some(text);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    let deep = first_deep?;
+    // `request.object.` is not part of the rule's fields.
+    let fields = deep.get(2..).unwrap_or_default();
+    for (n, seg) in fields.iter().take(SHOWN_SEGMENTS).enumerate() {
+        match seg {
+            Seg::Key(key) if n == 0 => found.field.push_str(key),
+            Seg::Key(key) => {
+                found.field.push('.');
+                found.field.push_str(key);
+            }
+            Seg::Index(index) => found.field.push_str(&format!("[{index}]")),
+        }
+    }
+    if fields.len() > SHOWN_SEGMENTS {
+        found.field.push_str("...");
+    }
+    // The review's object and request: the object's own nesting is two less.
+    found.depth = deepest.saturating_sub(2);
+    Some(found)
 }

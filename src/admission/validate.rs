@@ -20,7 +20,12 @@ use super::{Reply, answer};
 pub(super) fn review_rule(_shared: &Shared, body: &[u8], record: &mut Record) -> Reply {
     let mut request = match review::parse(body) {
         Ok(request) => request,
+        // The API server takes objects nested far deeper than initium reads: a 400 would
+        // reach the user as "the server rejected our request for an unknown reason".
         Err(message) => {
+            if let Some(deep) = review::too_deep(body) {
+                return too_deep(deep, record);
+            }
             tracing::warn!(error = %message, "rejected a malformed admission request");
             return Reply::BadRequest(message);
         }
@@ -105,6 +110,48 @@ pub(super) fn review_rule(_shared: &Shared, body: &[u8], record: &mut Record) ->
             answer(&invalid(&request.uid, &request.kind.kind, name, &errors))
         }
     }
+}
+
+/// The answer for a rule nested deeper than initium reads: denied (`422 Invalid`) with a
+/// sentence naming the rule, the field and the limits.
+fn too_deep(deep: review::TooDeep, record: &mut Record) -> Reply {
+    let Some(uid) = deep.uid else {
+        return Reply::BadRequest(format!(
+            "not an AdmissionReview that initium can read: it nests more than {} levels deep \
+             and has no request.uid",
+            review::READ_DEPTH
+        ));
+    };
+    tracing::Span::current().record("request_uid", uid.as_str());
+    let kind = deep.kind.unwrap_or_else(|| "MutationRule".to_string());
+    let name = deep.name.unwrap_or_default();
+    let kind_label = match kind.as_str() {
+        "MutationRule" => "MutationRule",
+        "ClusterMutationRule" => "ClusterMutationRule",
+        _ => "other",
+    };
+    record.identify(Cow::Borrowed(kind_label), "unknown");
+    record.verdict(Verdict::Denied);
+    let rule = match (kind.as_str(), deep.namespace.as_deref()) {
+        ("MutationRule", Some(namespace)) => format!("{kind} {namespace}/{name}"),
+        _ => format!("{kind} {name}"),
+    };
+    let errors = RuleErrors {
+        rule,
+        errors: vec![crate::engine::FieldError {
+            field: deep.field,
+            message: format!(
+                "the rule nests {} levels deep; initium reads a rule nested at most {} levels \
+                 deep, and a rule may write values at most {} levels below the object's root \
+                 (the depth limit): make the value shallower",
+                deep.depth,
+                review::READ_DEPTH - 2,
+                crate::engine::MAX_DEPTH,
+            ),
+        }],
+    };
+    tracing::info!(reason = %errors, "rejected a rule nested too deep to read");
+    answer(&invalid(&uid, &kind, name, &errors))
 }
 
 /// Warnings for a valid rule that will likely surprise its author.

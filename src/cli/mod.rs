@@ -2,6 +2,7 @@
 //! offline commands (the engine with no cluster: [`input`], [`offline`], [`output`],
 //! [`test`]); `serve` hands over to the online composition root.
 
+mod diff;
 pub mod explain;
 pub mod input;
 pub mod offline;

@@ -147,6 +147,9 @@ pub struct ControllerConfig {
     pub audit_report_interval: Duration,
     /// What the MutationRules of one namespace may make initium hold.
     pub quotas: rules::Quotas,
+    /// Audit Events per namespace and interval (`--max-audit-events-per-namespace`); more are
+    /// summed up in one.
+    pub max_audit_events_per_namespace: usize,
 }
 
 /// Default `--gate-release-concurrency`: on the 2-core test machine, 1,000 Pods released by
@@ -173,6 +176,7 @@ impl ControllerConfig {
             gate_release_concurrency: usize::from(DEFAULT_GATE_RELEASE_CONCURRENCY),
             audit_report_interval: audit::DEFAULT_AUDIT_REPORT_INTERVAL,
             quotas: rules::Quotas::default(),
+            max_audit_events_per_namespace: audit::DEFAULT_MAX_AUDIT_EVENTS_PER_NAMESPACE as usize,
         }
     }
 
@@ -354,6 +358,7 @@ pub async fn run(
         snapshot_rx.clone(),
         identity,
         config.audit_report_interval,
+        config.max_audit_events_per_namespace,
     ));
     duties.start(status::Status::new(
         client.clone(),

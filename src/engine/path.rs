@@ -637,7 +637,15 @@ impl Query {
                 .map_err(|source| invalid(QueryProblem::FunctionRegex(Box::new(source))))?;
         }
         let simple = parse_simple(text);
-        let written = simple.as_ref().map(|steps| {
+        // A query that is not simple selects under the nodes its leading simple steps select
+        // (its filters read from `@`, under them), unless it reads from the root again (`$`
+        // anywhere after the first character, even in a string, counts).
+        let leading = match &simple {
+            Some(steps) => Some(steps.clone()),
+            None if !text[1..].contains('$') => Some(leading_steps(text).0),
+            None => None,
+        };
+        let written = leading.as_ref().map(|steps| {
             steps
                 .iter()
                 .map(|step| match step {
@@ -704,9 +712,11 @@ impl Query {
         self.simple.is_some() || (self.descendants == 0 && self.regex_functions == 0)
     }
 
-    /// Whether a change at `pointer` may change what the query selects. Only a simple query
-    /// can tell: it cannot when the pointer leaves its path at a name it does not take
-    /// (`/spec/volumes` for `$.spec.containers[*].image`). Indices count as any element,
+    /// Whether a change at `pointer` may change what the query selects. It cannot when the
+    /// pointer leaves the query's leading simple steps at a name they do not take
+    /// (`/spec/volumes` for `$.spec.containers[*].image`, or for
+    /// `$.spec.containers[?@.name == 'app'].image`); a query that reads from the root again
+    /// inside (`$` in a filter) may be changed by anything. Indices count as any element,
     /// since inserting into a list moves the elements after it.
     pub fn may_select_under(&self, pointer: &Pointer) -> bool {
         let Some(steps) = &self.written else {
@@ -1118,62 +1128,85 @@ pub(crate) fn push_index(path: &mut String, i: usize) {
 /// Parses the simple subset: `.name`, `.*`, `[*]`, `[index]`, `['name', ...]`. Anything else
 /// (or anything unusual inside it, such as escapes) is left to the full evaluator.
 fn parse_simple(text: &str) -> Option<Vec<Step>> {
-    let mut rest = text.strip_prefix('$')?;
+    match leading_steps(text) {
+        (steps, true) => Some(steps),
+        (_, false) => None,
+    }
+}
+
+/// The simple steps a query starts with (names, indices, wildcards, name unions), and
+/// whether they are all of it. Each step ends where the next segment begins.
+fn leading_steps(text: &str) -> (Vec<Step>, bool) {
     let mut steps = Vec::new();
+    let Some(mut rest) = text.strip_prefix('$') else {
+        return (steps, false);
+    };
     loop {
         // RFC 9535 allows blank space between segments.
         rest = rest.trim_start_matches([' ', '\t', '\n', '\r']);
         if rest.is_empty() {
-            break;
+            return (steps, true);
         }
-        if let Some(after) = rest.strip_prefix(".*") {
-            steps.push(Step::Wildcard);
-            rest = after;
-        } else if let Some(after) = rest.strip_prefix('.') {
-            let end = after
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(after.len());
-            let name = &after[..end];
-            if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
-                return None;
+        match simple_step(rest) {
+            Some((step, after)) => {
+                steps.push(step);
+                rest = after;
             }
-            steps.push(Step::Names(vec![name.to_string()]));
-            rest = &after[end..];
-        } else if let Some(after) = rest.strip_prefix('[') {
-            let end = after.find(']')?;
-            let inner = after[..end].trim();
-            rest = &after[end + 1..];
-            if inner == "*" {
-                steps.push(Step::Wildcard);
-            } else if inner.starts_with(['\'', '"']) {
-                let mut names = Vec::new();
-                for part in inner.split(',') {
-                    let part = part.trim();
-                    let quote = part.chars().next()?;
-                    let name = part.strip_prefix(quote)?.strip_suffix(quote)?;
-                    if !matches!(quote, '\'' | '"')
-                        || name.contains(['\\', '\'', '"'])
-                        || name.chars().any(char::is_control)
-                    {
-                        return None;
-                    }
-                    names.push(name.to_string());
-                }
-                steps.push(Step::Names(names));
-            } else {
-                let digits = inner.strip_prefix('-').unwrap_or(inner);
-                let canonical = digits == "0" && !inner.starts_with('-')
-                    || (!digits.starts_with('0') && !digits.is_empty());
-                if !canonical || !digits.chars().all(|c| c.is_ascii_digit()) || digits.len() > 15 {
-                    return None;
-                }
-                steps.push(Step::Index(inner.parse().ok()?));
-            }
-        } else {
-            return None;
+            None => return (steps, false),
         }
     }
-    Some(steps)
+}
+
+/// The simple step at the start of `rest`, and the text after it.
+fn simple_step(rest: &str) -> Option<(Step, &str)> {
+    if let Some(after) = rest.strip_prefix(".*") {
+        return Some((Step::Wildcard, after));
+    }
+    if let Some(after) = rest.strip_prefix('.') {
+        let end = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(after.len());
+        let name = &after[..end];
+        let next = &after[end..];
+        // The name must end where a segment may begin (`.café` is one name, not `caf`).
+        if name.is_empty()
+            || name.starts_with(|c: char| c.is_ascii_digit())
+            || !(next.is_empty() || next.starts_with(['.', '[', ' ', '\t', '\n', '\r']))
+        {
+            return None;
+        }
+        return Some((Step::Names(vec![name.to_string()]), next));
+    }
+    let after = rest.strip_prefix('[')?;
+    let end = after.find(']')?;
+    let inner = after[..end].trim();
+    let rest = &after[end + 1..];
+    if inner == "*" {
+        return Some((Step::Wildcard, rest));
+    }
+    if inner.starts_with(['\'', '"']) {
+        let mut names = Vec::new();
+        for part in inner.split(',') {
+            let part = part.trim();
+            let quote = part.chars().next()?;
+            let name = part.strip_prefix(quote)?.strip_suffix(quote)?;
+            if !matches!(quote, '\'' | '"')
+                || name.contains(['\\', '\'', '"'])
+                || name.chars().any(char::is_control)
+            {
+                return None;
+            }
+            names.push(name.to_string());
+        }
+        return Some((Step::Names(names), rest));
+    }
+    let digits = inner.strip_prefix('-').unwrap_or(inner);
+    let canonical = digits == "0" && !inner.starts_with('-')
+        || (!digits.starts_with('0') && !digits.is_empty());
+    if !canonical || !digits.chars().all(|c| c.is_ascii_digit()) || digits.len() > 15 {
+        return None;
+    }
+    Some((Step::Index(inner.parse().ok()?), rest))
 }
 
 /// The parser draws errors over several lines (`--> 1:19`, the text, a caret, `= expected x`);
@@ -1582,6 +1615,31 @@ mod tests {
         assert!(!under("/spec/containersX/0/image"));
         assert!(under("/spec"));
         assert!(under("/spec/containers/1/image/x"));
+        // A query with filters, slices or descendants: by its leading simple steps.
+        let filtered = Query::parse("$.spec.volumes[?@.hostPath].name").unwrap();
+        let under = |p: &str| filtered.may_select_under(&Pointer::parse(p).unwrap());
+        assert!(!under("/spec/containers/0/volumeMounts"));
+        assert!(!under("/metadata/name"));
+        assert!(under("/spec/volumes/1/hostPath"));
+        assert!(under("/spec"));
+        // Unless it reads from the root again, or its first step is not simple.
+        for q in [
+            "$.spec.volumes[?@.name == $.metadata.name].name",
+            "$..name",
+            "$[?@.x].name",
+            "$.spec.café[*].name",
+        ] {
+            let query = Query::parse(q).unwrap();
+            assert!(
+                query.may_select_under(&Pointer::parse("/metadata/name").unwrap())
+                    || q.contains("café"),
+                "{q}"
+            );
+            assert!(
+                query.may_select_under(&Pointer::parse("/spec/café/0").unwrap()),
+                "{q}"
+            );
+        }
     }
 
     #[test]

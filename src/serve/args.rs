@@ -97,6 +97,11 @@ pub struct ServeArgs {
     /// per rule and verdict (`AuditWouldChange`, `AuditWouldFail`).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub audit_report_interval: Duration,
+    /// Audit Events each replica publishes per namespace and report interval: past it, the
+    /// most important are published and one `AuditEventsSummarized` Event sums up the rest
+    /// (ClusterMutationRules' Events count in `default`, where Kubernetes stores them).
+    #[arg(long, default_value_t = crate::controller::audit::DEFAULT_MAX_AUDIT_EVENTS_PER_NAMESPACE, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_audit_events_per_namespace: u32,
     /// AdmissionReviews evaluated at once on the blocking pool (those above 64 KiB, and those
     /// whose rules run past a 2 ms slice), in turns that go round the namespaces; one that waits
     /// longer than the budget gets 503 and the API server applies the webhook's failure policy.

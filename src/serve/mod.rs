@@ -180,6 +180,7 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
         rules_per_namespace: args.max_rules_per_namespace,
         rule_bytes_per_namespace: args.max_rule_bytes_per_namespace,
     };
+    config.max_audit_events_per_namespace = args.max_audit_events_per_namespace as usize;
     config.tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => TlsSource::files(
             cert,

@@ -221,8 +221,19 @@ impl Conditions {
         Ok(None)
     }
 
+    /// Whether a change at `pointer` may change what some `in` query selects (then the sets
+    /// [`Conditions::prepare`] built before the change may be stale).
+    pub(crate) fn in_sets_may_see(&self, pointer: &crate::engine::path::Pointer) -> bool {
+        self.0.iter().any(|c| match &c.test {
+            Test::In(query) => query.may_select_under(pointer),
+            _ => false,
+        })
+    }
+
     /// What the `in` queries select from `object`, looked up once for many elements.
     pub(crate) fn prepare(&self, object: &Value) -> Result<Prepared, MatchError> {
+        #[cfg(test)]
+        PREPARED.with(|n| n.set(n.get() + 1));
         let mut sets = Vec::with_capacity(self.0.len());
         for (index, c) in self.0.iter().enumerate() {
             sets.push(match &c.test {
@@ -367,6 +378,12 @@ fn quantity(text: &str) -> Option<f64> {
         .all(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E'));
     let parsed: f64 = number.parse().ok().filter(|_| plain)?;
     Some(parsed * scale).filter(|n| n.is_finite())
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many times [`Conditions::prepare`] ran on this thread, for tests that count it.
+    pub(crate) static PREPARED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// The values an `in` query selected, by [`value_key`]: a lookup per element, however many

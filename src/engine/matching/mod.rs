@@ -28,6 +28,9 @@ use super::rule::Subject;
 
 use annotations::Annotations;
 pub use conditions::Conditions;
+#[cfg(test)]
+pub(crate) use conditions::PREPARED;
+pub(crate) use conditions::Prepared;
 use kinds::Kinds;
 use labels::Labels;
 use names::Names;

@@ -6,6 +6,7 @@ use serde_json::Value;
 use crate::api::{self, element_mutation_kinds};
 use crate::engine::journal::Journal;
 use crate::engine::limits::{Meter, Stop};
+use crate::engine::matching::Prepared;
 use crate::engine::path::{Pointer, Query};
 
 use super::{Compiler, Mutation, MutationError, Site, compile_kind};
@@ -77,6 +78,20 @@ impl ForEach {
         journal: &mut Journal,
         meter: &mut Meter,
     ) -> Result<(), Stop> {
+        self.apply_with(site, journal, meter, true)
+    }
+
+    /// [`ForEach::apply`]; with `reuse`, a `remove` whose `where` has `in` conditions builds
+    /// its `in` sets once and keeps them from element to element while nothing changes where
+    /// its queries can see (without, it builds them again for every element: the sets cost
+    /// as much as the values they select, so that was quadratic in the number of elements).
+    pub(super) fn apply_with(
+        &self,
+        site: Site,
+        journal: &mut Journal,
+        meter: &mut Meter,
+        reuse: bool,
+    ) -> Result<(), Stop> {
         let lookups = site.lookups();
         let doc = site.into_object().ok_or(MutationError::NestedForEach)?;
         if self.literal
@@ -100,6 +115,11 @@ impl ForEach {
         }
         let elements = self.query.locate(doc)?;
         meter.plan_steps(elements.len(), self.mutations.len())?;
+        // Per mutation, the `in` sets of a `remove` built at an earlier element. Every
+        // mutation here changes only its element (its paths are relative to it), so the sets
+        // still hold at the next element unless the `in` queries may select at or under an
+        // element that was visited since they were built: then they are built again.
+        let mut sets: Vec<Option<Prepared>> = self.mutations.iter().map(|_| None).collect();
         for element in &elements {
             meter.tick()?;
             let result = if self.literal {
@@ -113,7 +133,27 @@ impl ForEach {
             } else {
                 self.mutations
                     .iter()
-                    .try_for_each(|m| m.apply(doc, element, lookups, journal, meter))
+                    .zip(sets.iter_mut())
+                    .try_for_each(|(m, sets)| match m {
+                        Mutation::Remove(remove) if reuse && remove.reads_object() => {
+                            if remove.in_sets_may_see(element) {
+                                // Built now, and again at the next element: mutations of this
+                                // one may change what the queries select.
+                                *sets = None;
+                                m.apply(doc, element, lookups, journal, meter)
+                            } else {
+                                // As `Mutation::apply`: a step, then the mutation.
+                                meter.tick()?;
+                                remove.apply_reusing(
+                                    Site::object(doc, element, lookups),
+                                    journal,
+                                    meter,
+                                    sets,
+                                )
+                            }
+                        }
+                        _ => m.apply(doc, element, lookups, journal, meter),
+                    })
             };
             result.map_err(|e| e.context(|| format!("forEach element {}", element.as_str())))?;
         }

@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::api;
 use crate::engine::journal::Journal;
 use crate::engine::limits::{Meter, Stop};
-use crate::engine::matching::{Conditions, MatchError};
+use crate::engine::matching::{Conditions, MatchError, Prepared};
 use crate::engine::path::{Pointer, type_name};
 
 use super::{Compiler, MutationError, Site};
@@ -46,11 +46,34 @@ pub(super) fn compile(spec: &api::Remove, at: &str, cx: &mut Compiler) -> Option
 }
 
 impl Remove {
+    /// True when some `where` condition is an `in`, which reads the whole object.
+    pub(super) fn reads_object(&self) -> bool {
+        self.conditions.reads_object()
+    }
+
+    /// Whether a change at or under `pointer` may change the `in` sets.
+    pub(super) fn in_sets_may_see(&self, pointer: &Pointer) -> bool {
+        self.conditions.in_sets_may_see(pointer)
+    }
+
     pub(super) fn apply(
         &self,
         site: Site,
         journal: &mut Journal,
         meter: &mut Meter,
+    ) -> Result<(), Stop> {
+        self.apply_reusing(site, journal, meter, &mut None)
+    }
+
+    /// [`Remove::apply`] with the `in` sets of `sets` when it holds some, else with sets
+    /// built from the object now and left in `sets`. The caller empties `sets` when the
+    /// object changed where the `in` queries can see it (see `forEach`).
+    pub(super) fn apply_reusing(
+        &self,
+        site: Site,
+        journal: &mut Journal,
+        meter: &mut Meter,
+        sets: &mut Option<Prepared>,
     ) -> Result<(), Stop> {
         let in_context = |e: Stop| e.context(|| format!("remove {}", self.path.as_str()));
         let doomed = {
@@ -69,16 +92,20 @@ impl Remove {
             meter
                 .plan_steps(items.len(), self.conditions.len())
                 .map_err(in_context)?;
-            let prepared = self
-                .conditions
-                .prepare(object.unwrap_or(&Value::Null))
-                .map_err(|e| in_context(where_error(e)))?;
+            let prepared = match sets {
+                Some(prepared) => prepared,
+                None => sets.insert(
+                    self.conditions
+                        .prepare(object.unwrap_or(&Value::Null))
+                        .map_err(|e| in_context(where_error(e)))?,
+                ),
+            };
             let mut doomed = Vec::with_capacity(items.len());
             for item in items {
                 meter.tick()?;
                 doomed.push(
                     self.conditions
-                        .hold_prepared(item, &prepared)
+                        .hold_prepared(item, prepared)
                         .map_err(|e| in_context(where_error(e)))?,
                 );
             }

@@ -679,7 +679,7 @@ const IMAGES: [&str; 5] = [
     "shop/cart",
     "mirror.local/nginx:1",
 ];
-const PATHS: [&str; 7] = [
+const PATHS: [&str; 9] = [
     "$.spec.containers[*].image",
     "$.spec['containers','initContainers'][*].image",
     "$.metadata.name",
@@ -687,6 +687,10 @@ const PATHS: [&str; 7] = [
     "$.spec.containers[*].image",
     "$..image",
     "$.spec.containers[?match(@.image, 'nginx.*')].name",
+    // Filters: told by their leading steps (a change to the annotations cannot change them),
+    // unless they read from the root again.
+    "$.metadata.labels[?@ == 'web']",
+    "$.spec.containers[?@.name == $.metadata.labels.app].image",
 ];
 const REGEXES: [&str; 13] = [
     "^nginx",
