@@ -18,7 +18,8 @@
 //! - [`rules`]: watch both rule kinds, compile, swap the index, decide which rules are Ready.
 //! - [`namespaces`]: watch Namespace labels.
 //! - [`lookups`]: watch the objects the Ready rules look up (`spec.lookups`), one watch per
-//!   distinct target, started and stopped as rules change.
+//!   namespace looked up in (and one for every namespace), started and stopped as rules
+//!   change.
 //! - `gate` (folder): the gate controller. Watches the gated Pods and, per kind, what they
 //!   wait on; releases initium's scheduling gates (leader only) when the dependencies hold,
 //!   on timeout, or when the rule is gone. `state.rs` is its pure half (reverse index,
@@ -144,7 +145,13 @@ pub struct ControllerConfig {
     pub gate_release_concurrency: usize,
     /// How often each replica publishes the audit Events (`--audit-report-interval`).
     pub audit_report_interval: Duration,
+    /// Distinct ConfigMaps the MutationRules of one namespace may look up together
+    /// (`--max-lookups-per-namespace`; default [`DEFAULT_MAX_LOOKUPS_PER_NAMESPACE`]);
+    /// ClusterMutationRules are exempt.
+    pub max_lookups_per_namespace: usize,
 }
+
+pub use rules::DEFAULT_MAX_LOOKUPS_PER_NAMESPACE;
 
 /// Default `--gate-release-concurrency`: on the 2-core test machine, 1,000 Pods released by
 /// one dependency took 5.9 s at 16 and 3.9 s at 64 (`scripts/bench gate`, BENCHMARKS.md).
@@ -169,6 +176,7 @@ impl ControllerConfig {
             resync_interval: Duration::from_secs(60),
             gate_release_concurrency: usize::from(DEFAULT_GATE_RELEASE_CONCURRENCY),
             audit_report_interval: audit::DEFAULT_AUDIT_REPORT_INTERVAL,
+            max_lookups_per_namespace: DEFAULT_MAX_LOOKUPS_PER_NAMESPACE,
         }
     }
 
@@ -327,6 +335,7 @@ pub async fn run(
         served_rx,
         snapshot_tx,
         needs_tx,
+        rules::LookupQuota(config.max_lookups_per_namespace),
     ));
     duties.start(lookups::Lookups::new(
         client.clone(),

@@ -117,6 +117,11 @@ pub struct ServeArgs {
     /// Element × mutation steps one rule's forEach mutations may take in one object.
     #[arg(long, default_value_t = 100_000)]
     pub max_foreach_steps: usize,
+    /// Distinct ConfigMaps the MutationRules of one namespace may look up together
+    /// (`spec.lookups`); a rule that would go over it is not Ready (`LookupQuotaExceeded`).
+    /// ClusterMutationRules are exempt.
+    #[arg(long, default_value_t = crate::controller::DEFAULT_MAX_LOOKUPS_PER_NAMESPACE)]
+    pub max_lookups_per_namespace: usize,
 }
 
 impl ServeArgs {

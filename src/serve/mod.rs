@@ -176,6 +176,7 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     config.lease.identity = args.identity.clone();
     config.gate_release_concurrency = usize::from(args.gate_release_concurrency);
     config.audit_report_interval = args.audit_report_interval;
+    config.max_lookups_per_namespace = args.max_lookups_per_namespace;
     config.tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => TlsSource::files(
             cert,
