@@ -309,6 +309,10 @@ fn holds_quota(entry: &Entry) -> bool {
     status_ready || (entry.judged && view.verdict.is_ready())
 }
 
+/// A rule with lookups waiting for its namespace's quota, sorted in the order it is served:
+/// (holds no place yet, has no creation time, creation time, id, index in the table).
+type InLine<'a> = (bool, bool, Option<Timestamp>, &'a RuleId, usize);
+
 /// Applies the lookup quota to the MutationRules that would otherwise be Ready (`verdicts`,
 /// one per entry, in the table's order): per namespace, rules are admitted in order (those
 /// holding a place first, then the oldest, then by name) while the distinct ConfigMaps they
@@ -321,9 +325,7 @@ fn apply_lookup_quota(
     verdicts: &mut [Verdict],
     quota: LookupQuota,
 ) {
-    // Rules with lookups, by namespace: (holds no place, created, id, index).
-    let mut by_namespace: BTreeMap<&str, Vec<(bool, bool, Option<Timestamp>, &RuleId, usize)>> =
-        BTreeMap::new();
+    let mut by_namespace: BTreeMap<&str, Vec<InLine<'_>>> = BTreeMap::new();
     for (i, ((id, entry), verdict)) in entries.iter().zip(verdicts.iter()).enumerate() {
         let (Some(namespace), Ok(rule), true) =
             (id.namespace.as_deref(), &entry.compiled, verdict.is_ready())
@@ -1038,13 +1040,12 @@ mod tests {
         table.listed_cluster = true;
         table.listed_namespaced = true;
         table.publish(&shared, &readiness, &snapshot_tx, &needs_tx);
-        let verdicts = snapshot_rx
+        snapshot_rx
             .borrow()
             .rules
             .iter()
             .map(|r| (r.id.to_string(), r.verdict.clone()))
-            .collect();
-        verdicts
+            .collect()
     }
 
     fn ready_ids(verdicts: &BTreeMap<String, Verdict>) -> Vec<&str> {
