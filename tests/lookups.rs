@@ -583,3 +583,94 @@ async fn rules_over_the_lookup_quota_of_their_namespace_are_not_ready_and_say_wh
         .output();
     drop(serving);
 }
+
+/// Issue 30, finding 7, at its scale (heavy, so run by hand: `cargo test --test lookups --
+/// --ignored at_scale`): 750 MutationRules of 8 lookups each, every name distinct, in one
+/// namespace, the quota raised out of the way. Prints initium's API server connections, its
+/// RSS, the lookup watches and how long a new replica takes to be ready; asserts only that
+/// the connections stay far below one per name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy: 750 rules; run by hand for the figures in docs/reliability.md"]
+async fn at_scale_750_rules_of_8_lookups_hold_a_handful_of_connections() {
+    let _serial = serial().await;
+    install_crds();
+    let client = support::client().await;
+    let plane = Plane::shared();
+    let ns = namespace(&client, "lookups-scale").await;
+    // The build before this change has no quota flag.
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_initium"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let extra: Vec<&str> =
+        if String::from_utf8_lossy(&help.stdout).contains("--max-lookups-per-namespace") {
+            vec!["--max-lookups-per-namespace", "100000"]
+        } else {
+            vec![]
+        };
+    let mut serving = Serving::start_on(plane, &extra);
+    let before = serving.initium.api_server_connections(plane).unwrap();
+    let rules: Vec<Value> = (0..750)
+        .map(|i| {
+            let names: Vec<String> = (0..8).map(|l| format!("cm-{i}-{l}")).collect();
+            shared_rule(&ns, &format!("r{i}"), &names, "x")
+        })
+        .collect();
+    let ready_before = serving
+        .initium
+        .metric("initium_rules{state=\"ready\"")
+        .unwrap();
+    for chunk in rules.chunks(250) {
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": chunk});
+        let (ok, _, err) = kubectl_with(&["apply", "--server-side"], &list.to_string());
+        assert!(ok, "apply the rules: {err}");
+    }
+    let started = std::time::Instant::now();
+    eventually(
+        "750 rules in the index",
+        Duration::from_secs(300),
+        || async {
+            let ready = serving
+                .initium
+                .metric("initium_rules{state=\"ready\"")
+                .map_err(|e| e.to_string())?;
+            if ready - ready_before >= 750.0 {
+                Ok(())
+            } else {
+                Err(format!("{ready} ready"))
+            }
+        },
+    )
+    .await;
+    // Let the watches open and list.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let connections = serving.initium.api_server_connections(plane).unwrap();
+    let memory = serving.initium.memory().unwrap();
+    let watches = serving.initium.metric("initium_lookup_watches").unwrap();
+    eprintln!(
+        "750 rules x 8 lookups: index after {:.1} s; connections {before} -> {connections}; \
+         RSS {} KiB (peak {} KiB); lookup watches {watches}",
+        started.elapsed().as_secs_f64(),
+        memory.rss_kib,
+        memory.peak_kib
+    );
+    // A new replica, as after a restart: time until /readyz says ready.
+    serving.kill();
+    let started = std::time::Instant::now();
+    let replica = serving.replica(&extra);
+    let ready_after = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let replica_connections = replica.api_server_connections(plane).unwrap();
+    let replica_memory = replica.memory().unwrap();
+    eprintln!(
+        "a new replica: ready after {:.1} s, connections {replica_connections}, RSS {} KiB",
+        ready_after.as_secs_f64(),
+        replica_memory.rss_kib
+    );
+    drop(replica);
+    let _ = support::kubectl()
+        .args(["delete", "mr", "--all", "-n", &ns, "--wait=false"])
+        .output();
+    assert!(connections < before + 100, "{connections} connections");
+    drop(serving);
+}
