@@ -346,11 +346,9 @@ fn apply_lookup_quota(
     for (namespace, mut rules) in by_namespace {
         rules.sort();
         let mut admitted: BTreeSet<&str> = BTreeSet::new();
+        let mut refused = Vec::new();
         for (_, _, _, id, i) in rules {
-            let Some((_, entry)) = entries.get_key_value(id) else {
-                continue;
-            };
-            let Ok(rule) = &entry.compiled else {
+            let Some(Ok(rule)) = entries.get(id).map(|entry| &entry.compiled) else {
                 continue;
             };
             let new: BTreeSet<&str> = rule
@@ -360,10 +358,22 @@ fn apply_lookup_quota(
                 .collect();
             if admitted.len() + new.len() <= quota.0 {
                 admitted.extend(new);
-                continue;
+            } else {
+                refused.push((i, rule));
             }
-            let list: Vec<&str> = new.iter().copied().collect();
-            verdicts[i] = Verdict::LookupQuota(format!(
+        }
+        // Told against what the namespace's Ready rules look up in the end.
+        for (i, rule) in refused {
+            let new: BTreeSet<&str> = rule
+                .lookup_targets()
+                .map(|t| t.name.as_str())
+                .filter(|name| !admitted.contains(name))
+                .collect();
+            let list: Vec<&str> = new.into_iter().collect();
+            let Some(verdict) = verdicts.get_mut(i) else {
+                continue;
+            };
+            *verdict = Verdict::LookupQuota(format!(
                 "spec.lookups: the MutationRules of namespace {namespace} may look up at most {max} distinct ConfigMaps together (the lookup quota, initium serve --max-lookups-per-namespace={max}); its other Ready rules look up {have}, and this rule would add {add} more ({names}): read ConfigMaps those rules read already, put the values in fewer ConfigMaps, or delete rules that no longer need theirs, and the rule becomes Ready by itself; or ask a cluster administrator to raise --max-lookups-per-namespace",
                 max = quota.0,
                 have = admitted.len(),
