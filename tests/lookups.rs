@@ -608,8 +608,18 @@ async fn at_scale_750_rules_of_8_lookups_hold_a_handful_of_connections() {
         } else {
             vec![]
         };
+    // kube-apiserver's RSS, when this test runs the plane (its pid file is in its directory).
+    let api_server_rss = || -> Option<u64> {
+        let pid = std::fs::read_to_string(plane.dir()?.join("kube-apiserver.pid")).ok()?;
+        Some(
+            support::measure::memory(pid.trim().parse().ok()?)
+                .ok()?
+                .rss_kib,
+        )
+    };
     let mut serving = Serving::start_on(plane, &extra);
     let before = serving.initium.api_server_connections(plane).unwrap();
+    let api_server_before = api_server_rss();
     let rules: Vec<Value> = (0..750)
         .map(|i| {
             let names: Vec<String> = (0..8).map(|l| format!("cm-{i}-{l}")).collect();
@@ -649,10 +659,12 @@ async fn at_scale_750_rules_of_8_lookups_hold_a_handful_of_connections() {
     let watches = serving.initium.metric("initium_lookup_watches").unwrap();
     eprintln!(
         "750 rules x 8 lookups: index after {:.1} s; connections {before} -> {connections}; \
-         RSS {} KiB (peak {} KiB); lookup watches {watches}",
+         RSS {} KiB (peak {} KiB); lookup watches {watches}; kube-apiserver RSS {:?} -> {:?} KiB",
         started.elapsed().as_secs_f64(),
         memory.rss_kib,
-        memory.peak_kib
+        memory.peak_kib,
+        api_server_before,
+        api_server_rss(),
     );
     // A new replica, as after a restart: time until /readyz says ready.
     serving.kill();
