@@ -191,6 +191,12 @@ pub struct Metrics {
     pub gate_write_conflicts: Counter,
     /// Gates removed, by reason.
     pub gate_releases: Family<ReleaseLabels, Counter>,
+    // Lookups.
+    /// Watches the lookups of Ready rules hold open (one per namespace looked up in, and one
+    /// for lookups in every namespace).
+    pub lookup_watches: Gauge,
+    /// ConfigMaps kept in memory for the lookups of Ready rules.
+    pub lookup_objects: Gauge,
 }
 
 /// The `duty` label: the name of a controller duty (a fixed set, see `controller::duty`).
@@ -311,6 +317,19 @@ impl Default for Metrics {
             "Scheduling gates removed, by reason (ready, timeout, rule_gone)",
             gate_releases.clone(),
         );
+        // Lookups.
+        let lookup_watches = Gauge::default();
+        let lookup_objects = Gauge::default();
+        registry.register(
+            "lookup_watches",
+            "Watches open for the lookups of Ready rules (one per namespace looked up in, one for lookups in every namespace)",
+            lookup_watches.clone(),
+        );
+        registry.register(
+            "lookup_objects",
+            "ConfigMaps kept in memory for the lookups of Ready rules",
+            lookup_objects.clone(),
+        );
         Metrics {
             registry,
             admission_duration,
@@ -331,6 +350,8 @@ impl Default for Metrics {
             gate_timeouts,
             gate_write_conflicts,
             gate_releases,
+            lookup_watches,
+            lookup_objects,
         }
     }
 }

@@ -203,6 +203,11 @@ fn every_status_initium_writes_reads_as_documented() {
             "InProgress",
             "Progressing",
         ),
+        (
+            Verdict::LookupQuota("spec.lookups: over the namespace's lookup quota".into()),
+            "InProgress",
+            "Progressing",
+        ),
     ] {
         let view = RuleView {
             id: RuleId::cluster("r"),

@@ -18,7 +18,8 @@
 //! - [`rules`]: watch both rule kinds, compile, swap the index, decide which rules are Ready.
 //! - [`namespaces`]: watch Namespace labels.
 //! - [`lookups`]: watch the objects the Ready rules look up (`spec.lookups`), one watch per
-//!   distinct target, started and stopped as rules change.
+//!   namespace looked up in (and one for every namespace), started and stopped as rules
+//!   change.
 //! - `gate` (folder): the gate controller. Watches the gated Pods and, per kind, what they
 //!   wait on; releases initium's scheduling gates (leader only) when the dependencies hold,
 //!   on timeout, or when the rule is gone. `state.rs` is its pure half (reverse index,
@@ -150,7 +151,13 @@ pub struct ControllerConfig {
     /// Audit Events per namespace and interval (`--max-audit-events-per-namespace`); more are
     /// summed up in one.
     pub max_audit_events_per_namespace: usize,
+    /// Distinct ConfigMaps the MutationRules of one namespace may look up together
+    /// (`--max-lookups-per-namespace`; default [`DEFAULT_MAX_LOOKUPS_PER_NAMESPACE`]);
+    /// ClusterMutationRules are exempt.
+    pub max_lookups_per_namespace: usize,
 }
+
+pub use rules::DEFAULT_MAX_LOOKUPS_PER_NAMESPACE;
 
 /// Default `--gate-release-concurrency`: on the 2-core test machine, 1,000 Pods released by
 /// one dependency took 5.9 s at 16 and 3.9 s at 64 (`scripts/bench gate`, BENCHMARKS.md).
@@ -177,6 +184,7 @@ impl ControllerConfig {
             audit_report_interval: audit::DEFAULT_AUDIT_REPORT_INTERVAL,
             quotas: rules::Quotas::default(),
             max_audit_events_per_namespace: audit::DEFAULT_MAX_AUDIT_EVENTS_PER_NAMESPACE as usize,
+            max_lookups_per_namespace: DEFAULT_MAX_LOOKUPS_PER_NAMESPACE,
         }
     }
 
@@ -330,7 +338,10 @@ pub async fn run(
     ));
     duties.start(rules::Rules::new(
         client.clone(),
-        config.quotas,
+        rules::NamespaceQuotas {
+            rules: config.quotas,
+            lookups: rules::LookupQuota(config.max_lookups_per_namespace),
+        },
         shared.clone(),
         readiness.clone(),
         served_rx,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::Timestamp;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -42,6 +43,9 @@ pub enum Verdict {
     /// MutationRule, only cluster-scoped kinds), or a MutationRule's gate waits on an object
     /// of a cluster-scoped kind.
     KindNotAllowed(String),
+    /// A MutationRule whose lookups would take its namespace over the quota of distinct
+    /// ConfigMaps looked up (`--max-lookups-per-namespace`).
+    LookupQuota(String),
     /// Would take its namespace past a quota (`--max-rules-per-namespace`,
     /// `--max-rule-bytes-per-namespace`): Ready once the namespace has room.
     QuotaExceeded(String),
@@ -81,10 +85,11 @@ impl Quotas {
     /// `QuotaExceeded`, given each rule's measured size and creation time. The oldest rules
     /// come first (ties by name), so creating a rule never takes an older one's place, and
     /// every replica, seeing the same objects, decides the same.
-    fn apply(&self, rules: &mut [(&RuleId, Option<usize>, Option<i64>, &mut Verdict)]) {
+    fn apply(&self, rules: &mut [(&RuleId, Option<usize>, Option<Timestamp>, &mut Verdict)]) {
+        // No creation time (never, from the API server) comes last.
         rules.sort_by(|a, b| {
-            a.2.unwrap_or(i64::MAX)
-                .cmp(&b.2.unwrap_or(i64::MAX))
+            (a.2.is_none(), a.2)
+                .cmp(&(b.2.is_none(), b.2))
                 .then_with(|| a.0.cmp(b.0))
         });
         let mut used: HashMap<&str, Used> = HashMap::new();
@@ -243,8 +248,8 @@ pub struct Snapshot {
 struct Observed {
     id: RuleId,
     uid: Option<String>,
-    /// `metadata.creationTimestamp`, in seconds: the order in which quotas are given.
-    created: Option<i64>,
+    /// `metadata.creationTimestamp`: the older rules of a namespace get its lookup quota first.
+    created: Option<Timestamp>,
     spec: RuleSpec,
     generation: Option<i64>,
     resource_version: Option<String>,
@@ -255,12 +260,8 @@ impl From<ClusterMutationRule> for Observed {
     fn from(rule: ClusterMutationRule) -> Observed {
         Observed {
             id: RuleId::cluster(&rule.name_any()),
-            created: rule
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0.as_second()),
             uid: rule.metadata.uid,
+            created: rule.metadata.creation_timestamp.map(|t| t.0),
             generation: rule.metadata.generation,
             resource_version: rule.metadata.resource_version,
             spec: rule.spec,
@@ -276,12 +277,8 @@ impl From<MutationRule> for Observed {
                 rule.metadata.namespace.as_deref().unwrap_or_default(),
                 rule.metadata.name.as_deref().unwrap_or_default(),
             ),
-            created: rule
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| t.0.as_second()),
             uid: rule.metadata.uid,
+            created: rule.metadata.creation_timestamp.map(|t| t.0),
             generation: rule.metadata.generation,
             resource_version: rule.metadata.resource_version,
             spec: rule.spec,
@@ -295,8 +292,7 @@ impl From<MutationRule> for Observed {
 /// later event brings a new spec is told by `spec_key`.
 struct Entry {
     spec_key: SpecKey,
-    /// When the rule object was created (seconds), for the quotas' order.
-    created: Option<i64>,
+    created: Option<Timestamp>,
     /// `spec.match.kinds` as written, for the Ready condition's messages.
     kinds: Vec<String>,
     compiled: Result<Arc<CompiledRule>, RuleErrors>,
@@ -361,6 +357,118 @@ struct RuleTable {
     /// second carry the same status, so ten thousand rules share a few dozen.
     statuses: HashMap<u64, Arc<RuleStatus>>,
     quotas: Quotas,
+    /// Distinct ConfigMaps the MutationRules of one namespace may look up.
+    lookup_quota: LookupQuota,
+}
+
+/// Distinct ConfigMaps the MutationRules of one namespace may look up together
+/// (`--max-lookups-per-namespace`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LookupQuota(pub usize);
+
+/// Default `--max-lookups-per-namespace`. Every ConfigMap looked up is kept in memory (up to
+/// 1 MiB each) and named in its namespace's watch filter; 64 is eight rules' worth of the
+/// most lookups one rule may have (8), all distinct, far more than the handful (a registry
+/// mirror, a proxy, a CA bundle, team data) a tenant's rules need, and it keeps one
+/// namespace's ConfigMaps within a quarter of the Deployment's 256 MiB limit when they are of
+/// the usual few kilobytes to a megabyte. Rules that read the same ConfigMap count it once.
+pub const DEFAULT_MAX_LOOKUPS_PER_NAMESPACE: usize = 64;
+
+impl Default for LookupQuota {
+    fn default() -> LookupQuota {
+        LookupQuota(DEFAULT_MAX_LOOKUPS_PER_NAMESPACE)
+    }
+}
+
+/// Whether `entry`'s rule holds a place in its namespace's lookup quota already: its status
+/// says this generation is Ready (so a restart, or another replica, decides as before), or it
+/// was Ready at the last publish with the same compiled spec. A change to one rule then never
+/// takes the quota from a rule that had it.
+fn holds_quota(entry: &Entry) -> bool {
+    let view = &entry.view;
+    let status_ready = view.status.as_deref().is_some_and(|status| {
+        status.observed_generation == view.generation
+            && status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == super::status::READY && c.status == "True")
+    });
+    status_ready || (entry.judged && view.verdict.is_ready())
+}
+
+/// A rule with lookups waiting for its namespace's quota, sorted in the order it is served:
+/// (holds no place yet, has no creation time, creation time, id, index in the table).
+type InLine<'a> = (bool, bool, Option<Timestamp>, &'a RuleId, usize);
+
+/// Applies the lookup quota to the MutationRules that would otherwise be Ready (`verdicts`,
+/// one per entry, in the table's order): per namespace, rules are admitted in order (those
+/// holding a place first, then the oldest, then by name) while the distinct ConfigMaps they
+/// look up together stay within `quota`; a rule that would go over it is not Ready, with a
+/// sentence naming the quota and the flag. A rule that reads only ConfigMaps admitted rules
+/// read already adds nothing. ClusterMutationRules are exempt: they are written by cluster
+/// administrators, who also set the flag.
+fn apply_lookup_quota(
+    entries: &BTreeMap<RuleId, Entry>,
+    verdicts: &mut [Verdict],
+    quota: LookupQuota,
+) {
+    let mut by_namespace: BTreeMap<&str, Vec<InLine<'_>>> = BTreeMap::new();
+    for (i, ((id, entry), verdict)) in entries.iter().zip(verdicts.iter()).enumerate() {
+        let (Some(namespace), Ok(rule), true) =
+            (id.namespace.as_deref(), &entry.compiled, verdict.is_ready())
+        else {
+            continue;
+        };
+        if rule.lookup_targets().next().is_none() {
+            continue;
+        }
+        by_namespace.entry(namespace).or_default().push((
+            !holds_quota(entry),
+            entry.created.is_none(),
+            entry.created,
+            id,
+            i,
+        ));
+    }
+    for (namespace, mut rules) in by_namespace {
+        rules.sort();
+        let mut admitted: BTreeSet<&str> = BTreeSet::new();
+        let mut refused = Vec::new();
+        for (_, _, _, id, i) in rules {
+            let Some(Ok(rule)) = entries.get(id).map(|entry| &entry.compiled) else {
+                continue;
+            };
+            let new: BTreeSet<&str> = rule
+                .lookup_targets()
+                .map(|t| t.name.as_str())
+                .filter(|name| !admitted.contains(name))
+                .collect();
+            if admitted.len() + new.len() <= quota.0 {
+                admitted.extend(new);
+            } else {
+                refused.push((i, rule));
+            }
+        }
+        // Told against what the namespace's Ready rules look up in the end.
+        for (i, rule) in refused {
+            let new: BTreeSet<&str> = rule
+                .lookup_targets()
+                .map(|t| t.name.as_str())
+                .filter(|name| !admitted.contains(name))
+                .collect();
+            let list: Vec<&str> = new.into_iter().collect();
+            let Some(verdict) = verdicts.get_mut(i) else {
+                continue;
+            };
+            *verdict = Verdict::LookupQuota(format!(
+                "spec.lookups: the MutationRules of namespace {namespace} may look up at most {max} distinct ConfigMaps together (the lookup quota, initium serve --max-lookups-per-namespace={max}); its other Ready rules look up {have}, and this rule would add {add} more ({names}): read ConfigMaps those rules read already, put the values in fewer ConfigMaps, or delete rules that no longer need theirs, and the rule becomes Ready by itself; or ask a cluster administrator to raise --max-lookups-per-namespace",
+                max = quota.0,
+                have = admitted.len(),
+                add = list.len(),
+                names = list.join(", "),
+            ));
+        }
+    }
 }
 
 /// The shared copy of `status`: an equal one already in `statuses`, or this one, added.
@@ -481,6 +589,7 @@ impl RuleTable {
                 .iter()
                 .map(|(id, entry)| verdict(id, &entry.kinds, &entry.compiled, &served))
                 .collect();
+            apply_lookup_quota(&self.entries, &mut verdicts, self.lookup_quota);
             {
                 let mut judged: Vec<_> = self
                     .entries
@@ -498,7 +607,8 @@ impl RuleTable {
                 if changed
                     && let Verdict::KindNotServed(m)
                     | Verdict::KindNotAllowed(m)
-                    | Verdict::QuotaExceeded(m) = &verdict
+                    | Verdict::QuotaExceeded(m)
+                    | Verdict::LookupQuota(m) = &verdict
                 {
                     tracing::warn!(rule = %id.describe(), reason = %m, "rule is not Ready");
                 }
@@ -652,12 +762,21 @@ pub(crate) struct Rules {
     served: watch::Receiver<Option<Arc<Served>>>,
     snapshot: watch::Sender<Arc<Snapshot>>,
     needs: watch::Sender<Arc<Inputs>>,
+    lookup_quota: LookupQuota,
+}
+
+/// The quotas of one namespace's MutationRules: Ready rules and what they hold ([`Quotas`]),
+/// and the ConfigMaps they look up ([`LookupQuota`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct NamespaceQuotas {
+    pub rules: Quotas,
+    pub lookups: LookupQuota,
 }
 
 impl Rules {
     pub(crate) fn new(
         client: Client,
-        quotas: Quotas,
+        quotas: NamespaceQuotas,
         shared: Arc<Shared>,
         readiness: Arc<Readiness>,
         served: watch::Receiver<Option<Arc<Served>>>,
@@ -666,7 +785,8 @@ impl Rules {
     ) -> Rules {
         Rules {
             client,
-            quotas,
+            quotas: quotas.rules,
+            lookup_quota: quotas.lookups,
             shared,
             readiness,
             served,
@@ -783,6 +903,7 @@ impl Duty for Rules {
         let mut inputs = self.inputs();
         let mut table = RuleTable {
             quotas: self.quotas,
+            lookup_quota: self.lookup_quota,
             ..RuleTable::default()
         };
         // initium's own CRDs, by name: their generation, to tell when their schema changed.
@@ -1013,6 +1134,168 @@ mod tests {
         }
     }
 
+    /// A rule created `created` seconds after the epoch that looks up `config_maps`.
+    fn looking_up(id: RuleId, created: i64, config_maps: &[&str]) -> Observed {
+        let mut rule = observed(id, &["Pod"]);
+        rule.created = Some(Timestamp::from_second(created).unwrap());
+        rule.spec.lookups = config_maps
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                serde_json::from_value(
+                    serde_json::json!({"name": format!("l{i}"), "configMap": {"name": name}}),
+                )
+                .unwrap()
+            })
+            .collect();
+        rule
+    }
+
+    /// Publishes `table` and returns the verdict of each rule, by id.
+    fn published(table: &mut RuleTable) -> BTreeMap<String, Verdict> {
+        let shared = Shared::new(Default::default());
+        let readiness = Readiness::new(shared.clone());
+        let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::default()));
+        let (needs_tx, _needs_rx) = watch::channel(Arc::new(Inputs::default()));
+        table.apply(Input::Served(Some(Arc::new(served()))));
+        table.listed_cluster = true;
+        table.listed_namespaced = true;
+        table.publish(&shared, &readiness, &snapshot_tx, &needs_tx);
+        snapshot_rx
+            .borrow()
+            .rules
+            .iter()
+            .map(|r| (r.id.to_string(), r.verdict.clone()))
+            .collect()
+    }
+
+    fn ready_ids(verdicts: &BTreeMap<String, Verdict>) -> Vec<&str> {
+        verdicts
+            .iter()
+            .filter(|(_, v)| v.is_ready())
+            .map(|(id, _)| id.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_namespace_beyond_its_lookup_quota_keeps_its_older_rules_ready() {
+        let mut table = RuleTable {
+            lookup_quota: LookupQuota(4),
+            ..RuleTable::default()
+        };
+        let team = |name: &str| RuleId::namespaced("team", name);
+        // Oldest first: a (2 ConfigMaps), then z (2 more: 4, the quota), then b (1 more: over),
+        // then c (only ConfigMaps read already: adds nothing), then d (1 more: over).
+        table.upsert(looking_up(team("a"), 10, &["one", "two"]));
+        table.upsert(looking_up(team("z"), 20, &["three", "four", "one"]));
+        table.upsert(looking_up(team("b"), 30, &["five"]));
+        table.upsert(looking_up(team("c"), 40, &["two", "three"]));
+        table.upsert(looking_up(team("d"), 50, &["six", "one"]));
+        // Another namespace has a quota of its own; a cluster rule is exempt.
+        table.upsert(looking_up(
+            RuleId::namespaced("other", "x"),
+            60,
+            &["a", "b", "c", "d"],
+        ));
+        table.upsert(looking_up(
+            RuleId::cluster("platform"),
+            70,
+            &["p1", "p2", "p3", "p4", "p5", "p6"],
+        ));
+        let verdicts = published(&mut table);
+        assert_eq!(
+            ready_ids(&verdicts),
+            ["other/x", "platform", "team/a", "team/c", "team/z"]
+        );
+        assert_eq!(
+            verdicts["team/b"],
+            Verdict::LookupQuota(
+                "spec.lookups: the MutationRules of namespace team may look up at most 4 distinct \
+                 ConfigMaps together (the lookup quota, initium serve \
+                 --max-lookups-per-namespace=4); its other Ready rules look up 4, and this rule \
+                 would add 1 more (five): read ConfigMaps those rules read already, put the \
+                 values in fewer ConfigMaps, or delete rules that no longer need theirs, and the \
+                 rule becomes Ready by itself; or ask a cluster administrator to raise \
+                 --max-lookups-per-namespace"
+                    .into()
+            )
+        );
+        assert!(
+            matches!(&verdicts["team/d"], Verdict::LookupQuota(m) if m.contains("would add 1 more (six)"))
+        );
+
+        // A rule that had its place keeps it when an older rule grows: the one that grows
+        // is refused.
+        table.upsert(looking_up(team("a"), 10, &["one", "two", "seven"]));
+        let verdicts = published(&mut table);
+        assert_eq!(
+            ready_ids(&verdicts),
+            ["other/x", "platform", "team/c", "team/z"]
+        );
+        assert!(
+            matches!(&verdicts["team/a"], Verdict::LookupQuota(m) if m.contains("its other Ready rules look up 4, and this rule would add 1 more (seven)")),
+            "{:?}",
+            verdicts["team/a"]
+        );
+
+        // Deleting a rule gives its ConfigMaps back: the oldest rule waiting that fits (a, with
+        // its new ConfigMap) becomes Ready; b would still go over.
+        table.apply(Input::Rule(
+            Scope::Namespaced,
+            Box::new(Ok(watcher::Event::Delete(looking_up(team("z"), 20, &[])))),
+        ));
+        let verdicts = published(&mut table);
+        assert_eq!(
+            ready_ids(&verdicts),
+            ["other/x", "platform", "team/a", "team/c"]
+        );
+        assert!(
+            matches!(&verdicts["team/b"], Verdict::LookupQuota(m) if m.contains("look up 4, and this rule would add 1 more (five)"))
+        );
+    }
+
+    #[test]
+    fn the_lookup_quota_follows_the_ready_status_across_a_restart() {
+        // Two rules each reading 2 ConfigMaps under a quota of 2: the younger one is Ready
+        // according to its status (it was first, the older one grew since): after a restart
+        // it keeps its place.
+        let ready_status = Some(RuleStatus {
+            observed_generation: Some(1),
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: "Compiled".into(),
+                message: String::new(),
+                observed_generation: Some(1),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    Timestamp::UNIX_EPOCH,
+                ),
+            }],
+        });
+        let mut table = RuleTable {
+            lookup_quota: LookupQuota(2),
+            ..RuleTable::default()
+        };
+        let mut older = looking_up(RuleId::namespaced("team", "older"), 10, &["a", "b"]);
+        older.generation = Some(2);
+        older.status = ready_status.clone();
+        let mut younger = looking_up(RuleId::namespaced("team", "younger"), 20, &["c", "d"]);
+        younger.status = ready_status;
+        table.upsert(older);
+        table.upsert(younger);
+        let verdicts = published(&mut table);
+        assert_eq!(ready_ids(&verdicts), ["team/younger"]);
+        assert!(matches!(verdicts["team/older"], Verdict::LookupQuota(_)));
+        // A quota of 0: no MutationRule may look anything up.
+        let mut table = RuleTable {
+            lookup_quota: LookupQuota(0),
+            ..RuleTable::default()
+        };
+        table.upsert(looking_up(RuleId::namespaced("team", "r"), 10, &["a"]));
+        table.upsert(observed(RuleId::namespaced("team", "plain"), &["Pod"]));
+        assert_eq!(ready_ids(&published(&mut table)), ["team/plain"]);
+    }
+
     #[test]
     fn quotas_refuse_the_newest_rules_of_a_namespace_past_its_count_or_bytes() {
         let quotas = Quotas {
@@ -1035,7 +1318,10 @@ mod tests {
             .iter()
             .zip(verdicts.iter_mut())
             .zip(created)
-            .map(|((id, verdict), created)| (id, Some(100), created, verdict))
+            .map(|((id, verdict), created)| {
+                let created = created.and_then(|s| Timestamp::from_second(s).ok());
+                (id, Some(100), created, verdict)
+            })
             .collect();
         quotas.apply(&mut rules);
         let by_name: HashMap<String, Verdict> = rules
@@ -1067,7 +1353,7 @@ mod tests {
             .zip(verdicts.iter_mut())
             .zip(sizes)
             .enumerate()
-            .map(|(i, ((id, v), size))| (id, Some(size), Some(i as i64), v))
+            .map(|(i, ((id, v), size))| (id, Some(size), Timestamp::from_second(i as i64).ok(), v))
             .collect();
         quotas.apply(&mut rules);
         assert_eq!(*rules[0].3, Verdict::Ready);
@@ -1085,8 +1371,18 @@ mod tests {
         let mut invalid = Verdict::Invalid("spec: bad".into());
         let mut ready = Verdict::Ready;
         let mut rules = vec![
-            (&ids[0], Some(2000), Some(1), &mut invalid),
-            (&ids[1], Some(900), Some(2), &mut ready),
+            (
+                &ids[0],
+                Some(2000),
+                Timestamp::from_second(1).ok(),
+                &mut invalid,
+            ),
+            (
+                &ids[1],
+                Some(900),
+                Timestamp::from_second(2).ok(),
+                &mut ready,
+            ),
         ];
         quotas.apply(&mut rules);
         assert_eq!(*rules[1].3, Verdict::Ready);

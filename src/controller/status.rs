@@ -7,6 +7,7 @@
 //! | False | `KindNotServed`  | a pattern in `match.kinds` matches no served kind            |
 //! | False | `KindNotAllowed` | a pattern matches only kinds initium never intercepts, or a MutationRule's gate waits on a cluster-scoped object |
 //! | False | `QuotaExceeded` | a MutationRule would take its namespace past `--max-rules-per-namespace` or `--max-rule-bytes-per-namespace` (Ready once the namespace has room) |
+//! | False | `LookupQuotaExceeded` | a MutationRule's lookups would take its namespace over `--max-lookups-per-namespace` distinct ConfigMaps |
 //!
 //! A rule that cannot become Ready until its spec changes (`InvalidRule`, `KindNotAllowed`)
 //! also gets `Stalled=True` with the same reason and message: kstatus (Flux's health checks,
@@ -62,6 +63,7 @@ fn ready_condition(verdict: &Verdict, generation: Option<i64>, now: &Time) -> Co
         Verdict::KindNotServed(m) => ("False", "KindNotServed", m.as_str()),
         Verdict::KindNotAllowed(m) => ("False", "KindNotAllowed", m.as_str()),
         Verdict::QuotaExceeded(m) => ("False", "QuotaExceeded", m.as_str()),
+        Verdict::LookupQuota(m) => ("False", "LookupQuotaExceeded", m.as_str()),
     };
     Condition {
         type_: READY.into(),
@@ -82,7 +84,11 @@ fn stalled_condition(verdict: &Verdict, ready: &Condition) -> Option<Condition> 
             status: "True".into(),
             ..ready.clone()
         }),
-        Verdict::Ready | Verdict::KindNotServed(_) | Verdict::QuotaExceeded(_) => None,
+        // Other rules of the namespace can give a quota back: in progress, not stalled.
+        Verdict::Ready
+        | Verdict::KindNotServed(_)
+        | Verdict::QuotaExceeded(_)
+        | Verdict::LookupQuota(_) => None,
     }
 }
 
@@ -513,6 +519,25 @@ mod tests {
         assert_eq!(
             summary(&status),
             [("Ready", "False", "KindNotServed", "spec.y: not served")]
+        );
+    }
+
+    #[test]
+    fn a_rule_over_the_lookup_quota_is_not_ready_and_not_stalled() {
+        // Other rules of the namespace can give the quota back: no change to this rule needed.
+        let status = desired_status(
+            &view(Verdict::LookupQuota("spec.lookups: over".into()), 1, None),
+            &time(100),
+        )
+        .unwrap();
+        assert_eq!(
+            summary(&status),
+            [(
+                "Ready",
+                "False",
+                "LookupQuotaExceeded",
+                "spec.lookups: over"
+            )]
         );
     }
 

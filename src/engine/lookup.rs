@@ -4,10 +4,11 @@
 //! resolving a rule's lookups against it before its mutations run.
 //!
 //! The store is filled by watches in `initium serve` (`controller::lookups`, one watch per
-//! distinct target of the Ready rules) and from the input files offline (`cli`). Nothing
-//! here waits: a lookup the store does not have is an error of the rule, never a call.
+//! [`LookupScope`] the Ready rules read from: a namespace, or every namespace) and from the
+//! input files offline (`cli`). Nothing here waits: a lookup the store does not have is an
+//! error of the rule, never a call.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -43,14 +44,45 @@ impl LookupKind {
     }
 }
 
-/// What a lookup reads, as initium watches it: one object name of one kind, in one namespace
-/// or (`namespace: None`) in the namespace of whatever object is admitted, which takes a
-/// watch across all namespaces. Rules that read the same target share its watch.
+/// What a lookup reads: one object name of one kind, in one namespace or (`namespace: None`)
+/// in the namespace of whatever object is admitted. Rules that read the same target share
+/// it; targets of one [`LookupScope`] share its watch.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LookupTarget {
     pub kind: LookupKind,
     pub namespace: Option<String>,
     pub name: String,
+}
+
+impl LookupTarget {
+    /// The watch that reads it.
+    pub fn scope(&self) -> LookupScope {
+        LookupScope {
+            kind: self.kind,
+            namespace: self.namespace.clone(),
+        }
+    }
+}
+
+/// Where one watch of lookups looks: the objects of one kind in one namespace, or
+/// (`namespace: None`) in every namespace, for lookups that read the admitted object's own
+/// namespace. One watch per scope, whatever the number of names read there: the watch keeps
+/// only the objects whose names rules read, and drops the others as they arrive. So the
+/// watches (and the API server connections they hold) are bounded by the namespaces rules
+/// look up in, plus one, never by the names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LookupScope {
+    pub kind: LookupKind,
+    pub namespace: Option<String>,
+}
+
+impl fmt::Display for LookupScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{}s in namespace {ns}", self.kind.as_str()),
+            None => write!(f, "{}s in every namespace", self.kind.as_str()),
+        }
+    }
 }
 
 impl fmt::Display for LookupTarget {
@@ -72,6 +104,8 @@ impl fmt::Display for LookupTarget {
 pub(crate) struct CompiledLookup {
     name: String,
     target: LookupTarget,
+    /// `target.scope()`, built once: reading the store on the request path allocates nothing.
+    scope: LookupScope,
 }
 
 /// The lookups of a rule: the compiled ones, and the names templates may use (every name that
@@ -179,13 +213,15 @@ pub(crate) fn compile(id: &RuleId, specs: &[api::Lookup], errors: &mut Errors) -
             (None, None) => None,
         };
         if ok {
+            let target = LookupTarget {
+                kind,
+                namespace,
+                name: reference.name.clone(),
+            };
             compiled.lookups.push(CompiledLookup {
                 name: spec.name.clone(),
-                target: LookupTarget {
-                    kind,
-                    namespace,
-                    name: reference.name.clone(),
-                },
+                scope: target.scope(),
+                target,
             });
         }
     }
@@ -224,71 +260,91 @@ impl CompiledLookup {
     }
 }
 
-/// The objects of one target, as its watch last saw them.
+/// The objects one scope's watch keeps, as it last saw them.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct TargetObjects {
-    /// The watch has listed the objects once: until then, an object that is not here may
-    /// still exist.
-    pub synced: bool,
-    /// The objects by namespace, as JSON (`managedFields` left out).
-    pub objects: HashMap<String, Arc<Value>>,
+pub struct ScopeObjects {
+    /// The names the watch was keeping when it last listed: for them, an object that is not
+    /// here does not exist. A name rules started to read since has not been read yet.
+    pub listed: BTreeSet<String>,
+    /// The objects by name, then by namespace, as JSON (`managedFields` left out).
+    pub objects: HashMap<String, HashMap<String, Arc<Value>>>,
 }
 
-/// Every object lookups may read, by target. Swapped whole when a watch sees a change; a
+impl ScopeObjects {
+    /// How many objects it holds.
+    pub fn count(&self) -> usize {
+        self.objects.values().map(HashMap::len).sum()
+    }
+}
+
+/// Every object lookups may read, by scope. Swapped whole when a watch sees a change; a
 /// request reads one version from start to end.
 #[derive(Clone, Debug, Default)]
 pub struct LookupStore {
-    targets: HashMap<LookupTarget, Arc<TargetObjects>>,
+    scopes: HashMap<LookupScope, Arc<ScopeObjects>>,
 }
 
 impl LookupStore {
-    pub fn new(targets: HashMap<LookupTarget, Arc<TargetObjects>>) -> LookupStore {
-        LookupStore { targets }
+    pub fn new(scopes: HashMap<LookupScope, Arc<ScopeObjects>>) -> LookupStore {
+        LookupStore { scopes }
     }
 
-    /// The store for offline runs: every target of `targets` synced, filled from `objects`
+    /// The store for offline runs: every target of `targets` listed, filled from `objects`
     /// (kind, namespace, object), as if the inputs were the cluster.
     pub fn offline<'a>(
         targets: impl IntoIterator<Item = LookupTarget>,
         objects: impl IntoIterator<Item = (LookupKind, &'a str, &'a Value)> + Clone,
     ) -> LookupStore {
-        let mut store = LookupStore::default();
+        let mut scopes: HashMap<LookupScope, ScopeObjects> = HashMap::new();
         for target in targets {
-            let mut found = TargetObjects {
-                synced: true,
-                objects: HashMap::new(),
-            };
+            let scope = scopes.entry(target.scope()).or_default();
+            scope.listed.insert(target.name.clone());
             for (kind, namespace, object) in objects.clone() {
                 let name = object.pointer("/metadata/name").and_then(Value::as_str);
                 if kind == target.kind
                     && name == Some(target.name.as_str())
                     && target.namespace.as_deref().is_none_or(|ns| ns == namespace)
                 {
-                    found
+                    scope
                         .objects
+                        .entry(target.name.clone())
+                        .or_default()
                         .insert(namespace.to_string(), Arc::new(object.clone()));
                 }
             }
-            store.targets.insert(target, Arc::new(found));
         }
-        store
+        LookupStore {
+            scopes: scopes
+                .into_iter()
+                .map(|(scope, objects)| (scope, Arc::new(objects)))
+                .collect(),
+        }
     }
 
-    /// How many targets the store holds.
+    /// How many scopes (watches) the store holds.
     pub fn len(&self) -> usize {
-        self.targets.len()
+        self.scopes.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.targets.is_empty()
+        self.scopes.is_empty()
     }
 
-    fn get(&self, target: &LookupTarget, namespace: &str) -> Result<Option<&Value>, NotSynced> {
-        let objects = self.targets.get(target).ok_or(NotSynced)?;
-        if !objects.synced {
+    fn get(
+        &self,
+        scope: &LookupScope,
+        name: &str,
+        namespace: &str,
+    ) -> Result<Option<&Value>, NotSynced> {
+        let objects = self.scopes.get(scope).ok_or(NotSynced)?;
+        if !objects.listed.contains(name) {
             return Err(NotSynced);
         }
-        Ok(objects.objects.get(namespace).map(|v| &**v))
+        Ok(objects
+            .objects
+            .get(name)
+            .and_then(|by_namespace| by_namespace.get(namespace))
+            .map(|v| &**v))
     }
 }
 
@@ -336,7 +392,7 @@ pub(crate) fn resolve<'a>(
                 return Err(Stop::from(error(LookupProblem::NoNamespace)).context(at));
             }
         };
-        let problem = match store.get(target, namespace) {
+        let problem = match store.get(&lookup.scope, &target.name, namespace) {
             Ok(Some(value)) => {
                 found.push(Found {
                     value,
@@ -512,27 +568,77 @@ mod tests {
         }
     }
 
+    /// `store.get` for a target.
+    fn get<'a>(
+        store: &'a LookupStore,
+        target: &LookupTarget,
+        namespace: &str,
+    ) -> Result<Option<&'a Value>, NotSynced> {
+        store.get(&target.scope(), &target.name, namespace)
+    }
+
     #[test]
     fn the_store_tells_found_missing_and_not_yet_known_apart() {
         let config_map =
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "mirror"}});
-        let mut targets = HashMap::new();
-        targets.insert(
-            target(None, "mirror"),
-            Arc::new(TargetObjects {
-                synced: true,
-                objects: [("a".to_string(), Arc::new(config_map.clone()))].into(),
+        let mut scopes = HashMap::new();
+        scopes.insert(
+            target(None, "mirror").scope(),
+            Arc::new(ScopeObjects {
+                listed: ["mirror".to_string()].into(),
+                objects: [(
+                    "mirror".to_string(),
+                    [("a".to_string(), Arc::new(config_map.clone()))].into(),
+                )]
+                .into(),
             }),
         );
-        targets.insert(
-            target(Some("b"), "late"),
-            Arc::new(TargetObjects::default()),
+        // A namespace whose watch has listed `early` but not `late` (a rule began to read it
+        // since).
+        scopes.insert(
+            target(Some("b"), "late").scope(),
+            Arc::new(ScopeObjects {
+                listed: ["early".to_string()].into(),
+                objects: HashMap::new(),
+            }),
         );
-        let store = LookupStore::new(targets);
-        assert!(matches!(store.get(&target(None, "mirror"), "a"), Ok(Some(v)) if *v == config_map));
-        assert!(matches!(store.get(&target(None, "mirror"), "b"), Ok(None)));
-        assert!(store.get(&target(Some("b"), "late"), "b").is_err());
-        assert!(store.get(&target(Some("c"), "unknown"), "c").is_err());
+        let store = LookupStore::new(scopes);
+        assert!(
+            matches!(get(&store, &target(None, "mirror"), "a"), Ok(Some(v)) if *v == config_map)
+        );
+        assert!(matches!(
+            get(&store, &target(None, "mirror"), "b"),
+            Ok(None)
+        ));
+        assert!(matches!(
+            get(&store, &target(Some("b"), "early"), "b"),
+            Ok(None)
+        ));
+        assert!(get(&store, &target(Some("b"), "late"), "b").is_err());
+        assert!(get(&store, &target(Some("c"), "unknown"), "c").is_err());
+    }
+
+    #[test]
+    fn targets_of_one_namespace_share_a_scope_and_the_object_namespace_is_one_more() {
+        let scopes: BTreeSet<LookupScope> = [
+            target(Some("a"), "one"),
+            target(Some("a"), "two"),
+            target(Some("b"), "one"),
+            target(None, "one"),
+            target(None, "two"),
+        ]
+        .iter()
+        .map(LookupTarget::scope)
+        .collect();
+        let shown: Vec<String> = scopes.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "ConfigMaps in every namespace",
+                "ConfigMaps in namespace a",
+                "ConfigMaps in namespace b"
+            ]
+        );
     }
 
     #[test]
@@ -549,13 +655,16 @@ mod tests {
             [target(None, "mirror"), target(Some("b"), "mirror")],
             objects,
         );
-        assert!(matches!(store.get(&target(None, "mirror"), "a"), Ok(Some(v)) if *v == a));
-        assert!(matches!(store.get(&target(Some("b"), "mirror"), "b"), Ok(Some(v)) if *v == b));
+        assert!(matches!(get(&store, &target(None, "mirror"), "a"), Ok(Some(v)) if *v == a));
+        assert!(matches!(get(&store, &target(Some("b"), "mirror"), "b"), Ok(Some(v)) if *v == b));
         assert!(matches!(
-            store.get(&target(Some("b"), "mirror"), "a"),
+            get(&store, &target(Some("b"), "mirror"), "a"),
             Ok(None)
         ));
-        assert!(matches!(store.get(&target(None, "mirror"), "c"), Ok(None)));
+        assert!(matches!(
+            get(&store, &target(None, "mirror"), "c"),
+            Ok(None)
+        ));
     }
 
     // Whole rules: templates that read lookups, compiled and run.
@@ -734,7 +843,7 @@ mod tests {
         // A watch that has not listed yet: not a guess that the object is missing.
         let r = mirror_rule("Fail", label.clone());
         let target = r.lookup_targets().next().unwrap().clone();
-        let store = LookupStore::new([(target, Arc::new(TargetObjects::default()))].into());
+        let store = LookupStore::new([(target.scope(), Arc::new(ScopeObjects::default()))].into());
         let denial = run(r, Some(&store), pod(), &Limits::default()).unwrap_err();
         assert!(
             denial.message.ends_with("spec.lookups[0]: initium has not read ConfigMap team/registry (lookup \"mirror\") yet: its watch started moments ago, or cannot list ConfigMaps (see initium's log); try again in a few seconds"),

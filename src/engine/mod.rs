@@ -36,7 +36,9 @@ pub use limits::{
     LimitError, Limits, MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, MAX_REGEX_BYTES,
     MAX_RULE_REGEXES, QUERY_WORK_LIMIT, RULE_REGEX_BYTES, RegexError,
 };
-pub use lookup::{LookupError, LookupKind, LookupStore, LookupTarget, MAX_LOOKUPS, TargetObjects};
+pub use lookup::{
+    LookupError, LookupKind, LookupScope, LookupStore, LookupTarget, MAX_LOOKUPS, ScopeObjects,
+};
 pub use matching::MatchError;
 pub use matching::{Conditions, Selector};
 pub use mutation::MutationError;

@@ -132,6 +132,11 @@ pub struct ServeArgs {
     /// QuotaExceeded.
     #[arg(long, default_value = "32Mi", value_parser = bytes)]
     pub max_rule_bytes_per_namespace: usize,
+    /// Distinct ConfigMaps the MutationRules of one namespace may look up together
+    /// (`spec.lookups`); a rule that would go over it is not Ready (`LookupQuotaExceeded`).
+    /// ClusterMutationRules are exempt.
+    #[arg(long, default_value_t = crate::controller::DEFAULT_MAX_LOOKUPS_PER_NAMESPACE)]
+    pub max_lookups_per_namespace: usize,
 }
 
 impl ServeArgs {

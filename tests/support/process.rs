@@ -210,6 +210,12 @@ impl Initium {
         memory(self.pid())
     }
 
+    /// Established TCP connections of the process to the API server of `plane` (each watch
+    /// over HTTP/1.1 holds one of its own).
+    pub fn api_server_connections(&self, plane: &Plane) -> Result<usize> {
+        established_to(self.pid(), api_server_port(plane)?)
+    }
+
     /// GET on the operations port: (status, body).
     pub fn get(&self, path: &str) -> Result<(u16, String)> {
         http_get(self.ops, path)
@@ -309,4 +315,59 @@ pub fn post_review(
         .expect("curl runs");
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The port of the API server in `plane`'s kubeconfig (`server: https://127.0.0.1:PORT`).
+pub fn api_server_port(plane: &Plane) -> Result<u16> {
+    let config = std::fs::read_to_string(&plane.kubeconfig)
+        .with_context(|| format!("cannot read {}", plane.kubeconfig.display()))?;
+    config
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("server:"))
+        .and_then(|url| url.trim().rsplit(':').next())
+        .and_then(|port| port.trim_end_matches('/').parse().ok())
+        .with_context(|| format!("no server URL in {}", plane.kubeconfig.display()))
+}
+
+/// Established TCP connections of process `pid` to `port` on any address: the sockets among
+/// its file descriptors (`/proc/PID/fd`, `socket:[INODE]`) that `/proc/net/tcp` and `tcp6`
+/// show in state 01 (ESTABLISHED) with that remote port.
+pub fn established_to(pid: u32, port: u16) -> Result<usize> {
+    let mut inodes = std::collections::HashSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .with_context(|| format!("cannot list /proc/{pid}/fd"))?
+    {
+        let Ok(target) = std::fs::read_link(fd?.path()) else {
+            continue; // closed meanwhile
+        };
+        if let Some(inode) = target
+            .to_str()
+            .and_then(|t| t.strip_prefix("socket:["))
+            .and_then(|t| t.strip_suffix(']'))
+        {
+            inodes.insert(inode.to_string());
+        }
+    }
+    let mut count = 0;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(remote), Some(state), Some(inode)) =
+                (fields.get(2), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let remote_port = remote
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if *state == "01" && remote_port == Some(port) && inodes.contains(*inode) {
+                count += 1;
+            }
+        }
+    }
+    Ok(count)
 }
