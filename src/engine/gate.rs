@@ -539,7 +539,7 @@ mod tests {
 
     #[test]
     fn slow_object_conditions_are_judged_within_their_budget() {
-        // 30 searches of 6 KB on which the lazy DFA thrashes, the match at the end of each:
+        // 30 searches of 24 KB on which the lazy DFA thrashes, the match at the end of each:
         // judged in full they take far longer than the loop that releases every Pod can wait.
         let specs: Vec<api::Condition> = serde_json::from_value(serde_json::json!(
             (0..30)
@@ -559,11 +559,21 @@ mod tests {
             },
             conditions,
         };
-        let mut blob: String = (0..6_000)
-            .map(|i: u64| match (i * 2_654_435_761) % 97 {
-                96 => 'c',
-                n if n % 2 == 0 => 'a',
-                _ => 'b',
+        // Aperiodic a/b text with a `c` every 97 bytes (a candidate end the search must try):
+        // each new position is a new state of the lazy DFA.
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut blob: String = (0..24_000)
+            .map(|i| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                if i % 97 == 96 {
+                    'c'
+                } else if seed.is_multiple_of(2) {
+                    'a'
+                } else {
+                    'b'
+                }
             })
             .collect();
         blob.push('a');
