@@ -68,7 +68,7 @@ impl Default for Quotas {
     fn default() -> Self {
         Quotas {
             rules_per_namespace: 1_000,
-            rule_bytes_per_namespace: 32 << 20,
+            rule_bytes_per_namespace: 64 << 20,
         }
     }
 }

@@ -130,7 +130,7 @@ pub struct ServeArgs {
     /// each is compiled (its spec, its JSONPath queries, its regular expressions and their
     /// search caches); a rule that would take the namespace past it is not Ready, with reason
     /// QuotaExceeded.
-    #[arg(long, default_value = "32Mi", value_parser = bytes)]
+    #[arg(long, default_value = "64Mi", value_parser = bytes)]
     pub max_rule_bytes_per_namespace: usize,
     /// Distinct ConfigMaps the MutationRules of one namespace may look up together
     /// (`spec.lookups`); a rule that would go over it is not Ready (`LookupQuotaExceeded`).
