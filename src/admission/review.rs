@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::api::Operation;
+use crate::untrusted::quote;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -238,10 +239,14 @@ pub fn old_spec(body: &[u8]) -> Option<Value> {
 fn describe_parse_error(body: &[u8]) -> String {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     match serde_path_to_error::deserialize::<_, ReviewIn>(&mut deserializer) {
-        Err(e) if e.path().to_string() != "." => {
-            format!("not an {KIND}: {}: {}", e.path(), e.inner())
-        }
-        Err(e) => format!("not an {KIND}: {}", e.inner()),
+        // The path names the body's own keys and the parser's message may quote its values:
+        // both are the client's text, escaped and cut so the reason stays one short line.
+        Err(e) if e.path().to_string() != "." => format!(
+            "not an {KIND}: {}: {}",
+            quote(&e.path().to_string()),
+            quote(&e.inner().to_string())
+        ),
+        Err(e) => format!("not an {KIND}: {}", quote(&e.inner().to_string())),
         // Only reached if the two passes disagree, e.g. trailing data after the document.
         Ok(_) => match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
             Err(e) => format!("malformed JSON: {e}"),
@@ -480,6 +485,28 @@ mod tests {
             "{last}"
         );
         assert!(out[0].starts_with("000 "));
+    }
+
+    #[test]
+    fn parse_errors_quote_the_bodys_keys_on_one_line() {
+        // Found by the fuzzer: a key with a newline in managedFields made a two-line reason.
+        let body = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE","object":{"metadata":{"managedFields":[{"fieldsV1":{"k:{\"name\":\n\"api\"}":"\ud800"}}]}}}}"#;
+        let e = parse(body).unwrap_err();
+        assert!(!e.contains('\n'), "{e}");
+        assert!(
+            e.starts_with("not an AdmissionReview: request.object.metadata.managedFields[0]"),
+            "{e}"
+        );
+        assert!(
+            e.contains("\\n"),
+            "the newline is written as an escape: {e}"
+        );
+        let long = format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"{}":{{"x":1}},"uid":7}}}}"#,
+            "k".repeat(100_000)
+        );
+        let e = parse(long.as_bytes()).unwrap_err();
+        assert!(e.len() < 1024, "{} bytes", e.len());
     }
 
     #[test]
