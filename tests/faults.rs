@@ -1137,6 +1137,27 @@ fn within_memory_limit(initium: &Initium, what: &str) -> support::measure::Memor
     memory
 }
 
+/// The latencies of the other namespace's creates, each of which must have been stored with
+/// the label `served=yes` of that namespace's rule.
+fn served_latencies(results: &[Created]) -> Vec<Duration> {
+    results
+        .iter()
+        .map(|c| {
+            let labels = c
+                .outcome
+                .as_ref()
+                .unwrap_or_else(|e| panic!("Pod {} was not created: {e}", c.name));
+            assert_eq!(
+                labels.get("served").map(String::as_str),
+                Some("yes"),
+                "{} was not mutated",
+                c.name
+            );
+            c.latency
+        })
+        .collect()
+}
+
 /// The hostile rules of `tests/data/hostile` (each once crashed, exhausted memory or stalled
 /// initium), as MutationRules of a tenant, without their good companion rule.
 fn hostile_rules() -> Vec<(String, Value)> {
@@ -1225,20 +1246,7 @@ async fn hostile_rules_through_serve_leave_initium_alive_and_others_served() {
             c.name
         );
     }
-    let mut latencies = Vec::new();
-    for c in &other_results {
-        let labels = c
-            .outcome
-            .as_ref()
-            .unwrap_or_else(|e| panic!("Pod {} was not created: {e}", c.name));
-        assert_eq!(
-            labels.get("served").map(String::as_str),
-            Some("yes"),
-            "{} was not mutated",
-            c.name
-        );
-        latencies.push(c.latency);
-    }
+    let latencies = served_latencies(&other_results);
     let worst = latencies.iter().max().copied().unwrap_or_default();
     eprintln!(
         "faults: hostile rules: {} tenant and {} other Pods; other creates p50 {:?} p99 {:?} max {worst:?}",
@@ -1391,20 +1399,7 @@ async fn a_tenants_slow_regexes_leave_other_namespaces_served_and_readyz_answeri
     stop.store(true, Ordering::Relaxed);
     let (readyz_worst, readyz_failures) = probe.join().expect("the /readyz probe");
 
-    let mut latencies = Vec::new();
-    for c in &other_results {
-        let labels = c
-            .outcome
-            .as_ref()
-            .unwrap_or_else(|e| panic!("Pod {} was not created: {e}", c.name));
-        assert_eq!(
-            labels.get("served").map(String::as_str),
-            Some("yes"),
-            "{} was not mutated",
-            c.name
-        );
-        latencies.push(c.latency);
-    }
+    let latencies = served_latencies(&other_results);
     let worst = latencies.iter().max().copied().unwrap_or_default();
     eprintln!(
         "faults: slow regexes: {tenant_created} tenant Pods created; {} other creates p50 {:?} p99 {:?} max {worst:?}; /readyz worst {readyz_worst:?}",
