@@ -243,6 +243,41 @@ fn foreach_over_many_elements_is_bounded_in_steps() {
 }
 
 #[test]
+fn in_sets_rebuilt_at_every_foreach_element_count_against_its_steps() {
+    // Found by the fuzzer (a 10-second hang of `initium test`, which has no latency budget):
+    // `in: $..*` sees the forEach's own elements, so its set is built again at each of them,
+    // elements × object. Each value a rebuild selects is now a step of the rule's budget.
+    let started = Instant::now();
+    let removes = vec![
+        json!({"forEach": "$.spec.containers[*]", "mutations": [
+        {"remove": {"path": "/env", "where": [{"path": "@.name", "in": "$..*"}]}}]});
+        4
+    ];
+    let idx = index(vec![mr(
+        "team",
+        "hostile",
+        json!({"match": {"kinds": ["Pod"]}, "mutations": removes}),
+    )]);
+    let mut object = pod(2_000);
+    for c in object["spec"]["containers"].as_array_mut().unwrap() {
+        c["env"] = json!([{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]);
+    }
+    // No deadline, as offline: the steps alone must stop it.
+    let outcome = admit(&idx, &object).expect("Ignore rules do not deny");
+    assert_eq!(outcome.skipped.len(), 1, "{:?}", outcome.warnings);
+    assert!(
+        outcome.warnings[0].contains("--max-foreach-steps"),
+        "{:?}",
+        outcome.warnings
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn foreach_over_twenty_thousand_containers_is_applied_completely() {
     // Recording 20,000 changes used to compare each with all before it (quadratic: 46 s for
     // 40,000 containers); it is linear now. The time is measured in BENCHMARKS.md, not here.

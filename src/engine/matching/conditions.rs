@@ -235,12 +235,14 @@ impl Conditions {
         #[cfg(test)]
         PREPARED.with(|n| n.set(n.get() + 1));
         let mut sets = Vec::with_capacity(self.0.len());
+        let mut count = 0usize;
         for (index, c) in self.0.iter().enumerate() {
             sets.push(match &c.test {
                 Test::In(query) => {
                     let selected = query
                         .select(object)
                         .map_err(|source| MatchError::Condition { index, source })?;
+                    count = count.saturating_add(selected.len());
                     // Charged before any key is built: each node's key holds its children's
                     // again, so the keys of `$..*` grow with the object's size times its depth.
                     let mut left = MAX_IN_SET_BYTES;
@@ -255,7 +257,10 @@ impl Conditions {
                 _ => None,
             });
         }
-        Ok(Prepared { sets })
+        Ok(Prepared {
+            sets,
+            selected: count,
+        })
     }
 
     /// Whether every condition holds for `value`, with the `in` sets of `prepared`.
@@ -390,6 +395,15 @@ thread_local! {
 /// values the query selected.
 pub(crate) struct Prepared {
     sets: Vec<Option<HashSet<String>>>,
+    /// How many values the `in` queries selected to build the sets: the work a rebuild costs.
+    selected: usize,
+}
+
+impl Prepared {
+    /// How many values the `in` queries selected to build these sets.
+    pub(crate) fn selected(&self) -> usize {
+        self.selected
+    }
 }
 
 /// A text that two values share exactly when [`same_value`] holds for them (numbers by value,

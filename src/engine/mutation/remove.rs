@@ -94,11 +94,19 @@ impl Remove {
                 .map_err(in_context)?;
             let prepared = match sets {
                 Some(prepared) => prepared,
-                None => sets.insert(
-                    self.conditions
+                None => {
+                    let prepared = self
+                        .conditions
                         .prepare(object.unwrap_or(&Value::Null))
-                        .map_err(|e| in_context(where_error(e)))?,
-                ),
+                        .map_err(|e| in_context(where_error(e)))?;
+                    // Each value the in: queries selected is a step of this rule's forEach
+                    // budget: sets rebuilt at every element of a forEach (their queries see
+                    // the elements) cost elements × object, and the steps bound that.
+                    meter
+                        .plan_steps(prepared.selected(), 1)
+                        .map_err(in_context)?;
+                    sets.insert(prepared)
+                }
             };
             let mut doomed = Vec::with_capacity(items.len());
             for item in items {
