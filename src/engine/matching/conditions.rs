@@ -272,7 +272,7 @@ impl Conditions {
         self.hold_prepared_until(value, prepared, None)
     }
 
-    /// [`Conditions::hold`], looking at the clock before every condition: each
+    /// [`Conditions::hold`], looking at the clock before every condition that can take long: each
     /// condition's work is bounded (queries and searches are charged before they run), and
     /// the latency budget bounds them all.
     pub(crate) fn hold_until(
@@ -290,7 +290,10 @@ impl Conditions {
         deadline: Option<Instant>,
     ) -> Result<bool, MatchError> {
         for (index, c) in self.0.iter().enumerate() {
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            // The clock is read only before a condition that can take long (a search, an `in`
+            // test, a query that may refuse its work): reading it costs more than a simple
+            // `equals` on the admission path.
+            if c.can_take_long() && deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(MatchError::OutOfTime);
             }
             let set = prepared.sets.get(index).and_then(Option::as_ref);
@@ -303,6 +306,11 @@ impl Conditions {
 }
 
 impl Condition {
+    /// A regex search, an `in` test, or a query that may refuse its work.
+    fn can_take_long(&self) -> bool {
+        matches!(self.test, Test::Matches(_) | Test::In(_)) || !self.query.cannot_fail()
+    }
+
     fn holds(
         &self,
         index: usize,
