@@ -181,6 +181,8 @@ pub struct Metrics {
     pub gated_pods: Gauge,
     /// Objects kept in memory for the `object` dependencies of waiting Pods.
     pub gate_objects: Gauge,
+    /// Bytes (as JSON) of those objects, reduced to what their conditions read.
+    pub gate_object_bytes: Gauge,
     /// Pod created → its gates removed (one observation per release write).
     pub gate_wait: Histogram,
     /// The watch event that made the last dependency ready → the release written.
@@ -277,6 +279,7 @@ impl Default for Metrics {
         // The gate controller.
         let gated_pods = Gauge::default();
         let gate_objects = Gauge::default();
+        let gate_object_bytes = Gauge::default();
         let gate_wait = Histogram::new(GATE_WAIT_BUCKETS);
         let gate_release_latency = Histogram::new(GATE_RELEASE_BUCKETS);
         let gate_timeouts = Family::<OnTimeoutLabels, Counter>::default();
@@ -291,6 +294,11 @@ impl Default for Metrics {
             "gate_dependency_objects",
             "Objects kept in memory for the object dependencies of waiting Pods",
             gate_objects.clone(),
+        );
+        registry.register(
+            "gate_dependency_object_bytes",
+            "Bytes (as JSON) of the objects kept for object dependencies, reduced to what their conditions read",
+            gate_object_bytes.clone(),
         );
         registry.register(
             "gate_wait_seconds",
@@ -345,6 +353,7 @@ impl Default for Metrics {
             certificate_expiry,
             gated_pods,
             gate_objects,
+            gate_object_bytes,
             gate_wait,
             gate_release_latency,
             gate_timeouts,

@@ -12,6 +12,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -988,8 +989,9 @@ async fn an_object_dependency_keeps_only_the_object_it_names() {
         "creating ConfigMaps failed"
     );
     let settings: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    // The named ConfigMap carries 512 KiB its conditions never read.
     let config: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "settings"}, "data": {"ready": "no"},
+        "metadata": {"name": "settings"}, "data": {"ready": "no", "blob": "y".repeat(512 << 10)},
     }))
     .unwrap();
     settings
@@ -1022,14 +1024,21 @@ async fn an_object_dependency_keeps_only_the_object_it_names() {
     // Whatever a cluster-wide list would bring has come by now.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let kept = metric(&serving, "initium_gate_dependency_objects");
+    let kept_bytes = metric(&serving, "initium_gate_dependency_object_bytes");
     let after = serving.initium.memory().unwrap();
     eprintln!(
-        "gates: an object dependency on one ConfigMap beside 200 x 50 KiB others: {kept} objects kept; initium RSS {:.1} -> {:.1} MiB, peak {:.1} MiB",
+        "gates: an object dependency on one 512 KiB ConfigMap beside 200 x 50 KiB others: {kept} objects kept, {kept_bytes} bytes; initium RSS {:.1} -> {:.1} MiB, peak {:.1} MiB",
         mib(before.rss_kib),
         mib(after.rss_kib),
         mib(after.peak_kib)
     );
     assert_eq!(kept, 1.0, "initium keeps objects the gate does not name");
+    // Only what the condition reads, `$.data.ready`, is kept of the object it names.
+    assert_eq!(
+        kept_bytes,
+        r#"{"data":{"ready":"no"}}"#.len() as f64,
+        "initium keeps more of the object than its conditions read"
+    );
     still_held_after(&client, &ns, "wait=settings", Duration::from_secs(1)).await;
 
     // The named ConfigMap becomes ready: the Pod is released and nothing is kept any more.
@@ -1048,6 +1057,206 @@ async fn an_object_dependency_keeps_only_the_object_it_names() {
             Ok(())
         } else {
             Err(format!("{kept} objects kept"))
+        }
+    })
+    .await;
+}
+
+/// Issue 30, finding 6, at scale: one tenant's many Pods wait on an object whose conditions
+/// are slow regular expressions, and the tenant keeps changing that object. The loop that
+/// releases every namespace's Pods judges the object once per change, not once per waiting
+/// Pod, so another namespace's Pod is released about as fast as with no such tenant.
+#[tokio::test]
+async fn a_tenants_slow_gate_conditions_over_many_pods_do_not_delay_other_namespaces() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::wait::await_condition;
+
+    const WAITING: usize = 100;
+    let (_serial, client) = start().await;
+    let _serving = Serving::start();
+    let slow = workloads::namespace(&client, "gate-slow").await;
+    let calm = workloads::namespace(&client, "gate-calm").await;
+
+    // Aperiodic a/b text on which `a[ab]{100}c` makes the lazy DFA build a state at almost
+    // every byte: each search is just within what one search may cost (about 14 ms in a
+    // release build), and 16 of them on one object take far longer than the judgement's own
+    // budget.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut blob = || -> String {
+        (0..24_000)
+            .map(|i| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                if i % 97 == 96 {
+                    'c'
+                } else if seed.is_multiple_of(2) {
+                    'a'
+                } else {
+                    'b'
+                }
+            })
+            .collect()
+    };
+    let conditions = (0..16)
+        .map(|_| "{path: '$.data.blob', matches: 'a[ab]{100}c'}")
+        .collect::<Vec<_>>()
+        .join(", ");
+    let slow_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &slow);
+    let map = |blob: String| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": "blob"}, "data": {"blob": blob}}))
+            .unwrap()
+    };
+    slow_maps
+        .create(&PostParams::default(), &map(blob()))
+        .await
+        .unwrap();
+    let rule = gate_rule(
+        &slow,
+        "slow",
+        &format!(
+            "[{{object: {{apiVersion: v1, kind: ConfigMap, name: blob, conditions: [{conditions}]}}}}]"
+        ),
+        "",
+    );
+    apply_rule(&client, &slow, "slow", &rule).await;
+    for _ in 0..WAITING {
+        create_pod(&client, &slow, "slow", json!({})).await;
+    }
+    pods_held(
+        &client,
+        &slow,
+        "wait=slow",
+        WAITING,
+        &gate_of(&slow, "slow"),
+    )
+    .await;
+
+    // The other namespace: a Pod waiting on a ConfigMap that turns ready.
+    let calm_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &calm);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &calm);
+    // Released this long after its dependency turned ready.
+    let release = |round: usize| {
+        let calm_maps = calm_maps.clone();
+        let pods = pods.clone();
+        let client = client.clone();
+        let calm = calm.clone();
+        async move {
+            let map_name = format!("go-{round}");
+            let config: ConfigMap = serde_json::from_value(
+                json!({"metadata": {"name": map_name}, "data": {"ready": "no"}}),
+            )
+            .unwrap();
+            calm_maps
+                .create(&PostParams::default(), &config)
+                .await
+                .unwrap();
+            let rule = gate_rule(
+                &calm,
+                &format!("calm-{round}"),
+                &format!(
+                    "[{{object: {{apiVersion: v1, kind: ConfigMap, name: {name}, conditions: [{{path: '$.data.ready', equals: 'yes'}}]}}}}]",
+                    name = map_name
+                ),
+                "",
+            );
+            apply_rule(&client, &calm, &format!("calm-{round}"), &rule).await;
+            let pod = create_pod(&client, &calm, &format!("calm-{round}"), json!({})).await;
+            let pod_name = name(&pod);
+            pods_held(
+                &client,
+                &calm,
+                &format!("wait=calm-{round}"),
+                1,
+                &gate_of(&calm, &format!("calm-{round}")),
+            )
+            .await;
+            let started = Instant::now();
+            calm_maps
+                .patch(
+                    &map_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"data": {"ready": "yes"}})),
+                )
+                .await
+                .unwrap();
+            tokio::time::timeout(
+                WAIT,
+                await_condition(pods, &pod_name, |p: Option<&Pod>| {
+                    p.is_some_and(|p| !gates(p).iter().any(|g| g.starts_with("initium.dev/")))
+                }),
+            )
+            .await
+            .expect("the other namespace's Pod released")
+            .unwrap();
+            started.elapsed()
+        }
+    };
+    // Baseline, in the same run: the slow tenant's object does not change.
+    let quiet = release(0).await;
+    // The slow tenant changes its object (what the conditions read) every 100 ms: each change
+    // makes the controller judge the 100 waiting Pods again.
+    let changes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let churn = {
+        let slow_maps = slow_maps.clone();
+        let changes = changes.clone();
+        let mut texts: Vec<String> = (0..40).map(|_| blob()).collect();
+        tokio::spawn(async move {
+            for text in texts.drain(..) {
+                let patched = slow_maps
+                    .patch(
+                        "blob",
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"data": {"blob": text}})),
+                    )
+                    .await;
+                if patched.is_ok() {
+                    changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let busy = release(1).await;
+    churn.abort();
+    let changed = changes.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        changed >= 5,
+        "the slow tenant's object changed only {changed} times"
+    );
+    eprintln!(
+        "gates: another namespace's Pod released {busy:?} after its dependency turned ready while a tenant changed the object {WAITING} Pods wait on (16 slow conditions) every 100 ms ({changed} changes so far); {quiet:?} with that tenant quiet"
+    );
+    assert!(
+        busy < quiet + Duration::from_secs(3),
+        "the slow tenant delayed another namespace's release: {busy:?} (quiet: {quiet:?})"
+    );
+    pods_held(
+        &client,
+        &slow,
+        "wait=slow",
+        WAITING,
+        &gate_of(&slow, "slow"),
+    )
+    .await;
+    // The held Pods go, so that later tests start with no Pod waiting.
+    Api::<Pod>::namespaced(client.clone(), &slow)
+        .delete_collection(
+            &DeleteParams::default().grace_period(0),
+            &ListParams::default().labels("wait=slow"),
+        )
+        .await
+        .unwrap();
+    eventually("the slow tenant's Pods deleted", WAIT, || async {
+        let left = workloads::pods(&client, &slow, "wait=slow")
+            .await
+            .map_err(|e| e.to_string())?
+            .len();
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} left"))
         }
     })
     .await;

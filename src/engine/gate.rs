@@ -39,6 +39,74 @@ pub struct CompiledGate {
 /// How long the conditions of one `object` dependency may take to judge one object.
 pub const OBJECT_JUDGE_BUDGET: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// What of an object the conditions of an `object` dependency read: the gate controller keeps
+/// only that of the object it watches (a ConfigMap's megabyte of data is not kept for a
+/// condition on one label).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reads {
+    /// Some condition may read anything (`$..x`, or `$` inside a filter).
+    All,
+    /// Only these subtrees, each the names from the root to it (none: the conditions only
+    /// ask that the object exists). No path is under another.
+    Under(Vec<Vec<String>>),
+}
+
+impl Reads {
+    pub(crate) fn of(conditions: &Conditions) -> Reads {
+        let Some(mut paths) = conditions.reads() else {
+            return Reads::All;
+        };
+        // Sorted, a path comes right before the paths under it.
+        paths.sort();
+        let mut kept: Vec<Vec<String>> = Vec::new();
+        for path in paths {
+            if !kept.iter().any(|k| path.starts_with(k)) {
+                kept.push(path);
+            }
+        }
+        if kept.iter().any(Vec::is_empty) {
+            return Reads::All;
+        }
+        Reads::Under(kept)
+    }
+
+    /// Drops from `object` what the conditions do not read. The conditions hold on what is
+    /// left exactly when they hold on the whole: every value they select, and everything a
+    /// filter under it looks at, is under one of the paths (a path that meets a value that is
+    /// not an object keeps that value whole).
+    pub fn keep(&self, object: &mut Value) {
+        if let Reads::Under(paths) = self {
+            let paths: Vec<&[String]> = paths.iter().map(Vec::as_slice).collect();
+            trim(object, &paths);
+        }
+    }
+}
+
+fn trim(value: &mut Value, paths: &[&[String]]) {
+    if paths.iter().any(|p| p.is_empty()) {
+        return;
+    }
+    let Value::Object(map) = value else {
+        return;
+    };
+    map.retain(|key, _| paths.iter().any(|p| p.first() == Some(key)));
+    for (key, child) in map.iter_mut() {
+        let under: Vec<&[String]> = paths
+            .iter()
+            .filter_map(|p| p.split_first())
+            .filter(|(first, _)| *first == key)
+            .map(|(_, rest)| rest)
+            .collect();
+        trim(child, &under);
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many times [`Dependency::object_holds`] ran on this thread, for tests that count it.
+    pub(crate) static JUDGED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// A named object; `namespace: None` is the waiting Pod's own namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Target {
@@ -80,12 +148,35 @@ pub enum Dependency {
         kind: String,
         target: Target,
         conditions: Conditions,
+        /// What of the object the conditions read: all the gate controller keeps of it.
+        reads: Reads,
+        /// The conditions as written (canonical JSON): two dependencies with the same text
+        /// judge an object the same way, so one judgement serves every Pod that waits.
+        text: std::sync::Arc<str>,
     },
     /// At least one Ready Pod of the DaemonSet; on release the Pod is narrowed to those nodes.
     DaemonSet(Target),
 }
 
 impl Dependency {
+    /// An `object` dependency; `text` is its conditions as written.
+    pub fn object(
+        api_version: &str,
+        kind: &str,
+        target: Target,
+        conditions: Conditions,
+        text: &str,
+    ) -> Dependency {
+        Dependency::Object {
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
+            target,
+            reads: Reads::of(&conditions),
+            conditions,
+            text: text.into(),
+        }
+    }
+
     /// The dependency's namespace for a Pod in `pod_namespace`.
     pub fn namespace<'a>(&'a self, pod_namespace: &'a str) -> &'a str {
         match self {
@@ -121,6 +212,8 @@ impl Dependency {
     /// conditions still unjudged after [`OBJECT_JUDGE_BUDGET`] do not hold (the Pod waits, and
     /// its gate's timeout decides).
     pub fn object_holds(&self, object: &Value) -> bool {
+        #[cfg(test)]
+        JUDGED.with(|n| n.set(n.get() + 1));
         match self {
             // A condition whose query fails on this object does not hold.
             Dependency::Object { conditions, .. } => conditions
@@ -319,15 +412,16 @@ pub(crate) fn compile(
                 regex_limit,
                 errors,
             );
-            Dependency::Object {
-                api_version: o.api_version.clone(),
-                kind: o.kind.clone(),
-                target: Target {
+            Dependency::object(
+                &o.api_version,
+                &o.kind,
+                Target {
                     namespace: o.namespace.clone(),
                     name: o.name.clone(),
                 },
                 conditions,
-            }
+                &serde_json::to_string(&o.conditions).unwrap_or_default(),
+            )
         } else {
             continue;
         };
@@ -550,15 +644,7 @@ mod tests {
         let mut errors = Errors::default();
         let conditions = Conditions::compile_at(&specs, "c", 1 << 20, &mut errors);
         assert!(errors.errors.is_empty());
-        let dependency = Dependency::Object {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-            target: Target {
-                namespace: None,
-                name: "cm".into(),
-            },
-            conditions,
-        };
+        let dependency = Dependency::object("v1", "ConfigMap", cm(), conditions, "slow");
         // Aperiodic a/b text with a `c` every 97 bytes (a candidate end the search must try):
         // each new position is a new state of the lazy DFA.
         let mut seed = 0x2545_f491_4f6c_dd1d_u64;
@@ -593,16 +679,102 @@ mod tests {
             serde_json::from_value(serde_json::json!([{"path": "$.data.blob", "exists": true}]))
                 .unwrap_or_default();
         let mut errors = Errors::default();
-        let quick = Dependency::Object {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-            target: Target {
-                namespace: None,
-                name: "cm".into(),
-            },
-            conditions: Conditions::compile_at(&quick, "c", 1 << 20, &mut errors),
-        };
+        let quick = Dependency::object(
+            "v1",
+            "ConfigMap",
+            cm(),
+            Conditions::compile_at(&quick, "c", 1 << 20, &mut errors),
+            "quick",
+        );
         assert!(quick.object_holds(&object));
+    }
+
+    fn cm() -> Target {
+        Target {
+            namespace: None,
+            name: "cm".into(),
+        }
+    }
+
+    fn reads_of(conditions: serde_json::Value) -> (Dependency, Reads) {
+        let specs: Vec<api::Condition> = serde_json::from_value(conditions).unwrap();
+        let mut errors = Errors::default();
+        let compiled = Conditions::compile_at(&specs, "c", 1 << 20, &mut errors);
+        assert!(errors.errors.is_empty(), "{:?}", errors.errors);
+        let dependency = Dependency::object("v1", "ConfigMap", cm(), compiled, "t");
+        let Dependency::Object { reads, .. } = &dependency else {
+            unreachable!()
+        };
+        let reads = reads.clone();
+        (dependency, reads)
+    }
+
+    #[test]
+    fn an_object_is_kept_only_where_its_conditions_read_and_judged_the_same() {
+        let object = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cm", "labels": {"ready": "yes", "team": "a"},
+                         "annotations": {"big": "x".repeat(10_000)}},
+            "data": {"blob": "y".repeat(100_000), "mode": "on"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        });
+        let path = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cases = [
+            (
+                serde_json::json!([{"path": "$.metadata.labels.ready", "equals": "yes"}]),
+                Reads::Under(vec![path(&["metadata", "labels", "ready"])]),
+                true,
+            ),
+            (
+                serde_json::json!([
+                    {"path": "$.status.conditions[?@.type == 'Ready'].status", "equals": "True"},
+                    {"path": "$.data['mode']", "equals": "on"},
+                    {"path": "$.data.mode", "exists": true},
+                    {"path": "$.status", "exists": true},
+                    {"path": "$.metadata.labels.team", "in": "$.metadata.labels.*"}
+                ]),
+                Reads::Under(vec![
+                    path(&["data", "mode"]),
+                    path(&["metadata", "labels"]),
+                    path(&["status"]),
+                ]),
+                true,
+            ),
+            (
+                serde_json::json!([{"path": "$.data.mode", "equals": "off"}]),
+                Reads::Under(vec![path(&["data", "mode"])]),
+                false,
+            ),
+            // No conditions: the object only has to exist.
+            (serde_json::json!([]), Reads::Under(vec![]), true),
+            // Descendants and the root inside a filter may read anything.
+            (
+                serde_json::json!([{"path": "$..mode", "equals": "on"}]),
+                Reads::All,
+                true,
+            ),
+            (
+                serde_json::json!([{"path": "$.data[?@ == $.data.mode]", "exists": true}]),
+                Reads::All,
+                true,
+            ),
+        ];
+        for (conditions, want, holds) in cases {
+            let (dependency, reads) = reads_of(conditions.clone());
+            assert_eq!(reads, want, "{conditions}");
+            let mut kept = object.clone();
+            reads.keep(&mut kept);
+            assert_eq!(dependency.object_holds(&object), holds, "{conditions}");
+            assert_eq!(
+                dependency.object_holds(&kept),
+                holds,
+                "{conditions} on {kept}"
+            );
+            if reads != Reads::All {
+                let size = serde_json::to_string(&kept).unwrap().len();
+                assert!(size < 200, "{conditions} kept {size} bytes: {kept}");
+            }
+        }
     }
 
     fn selector(labels: &[(&str, &str)]) -> LabelSelector {

@@ -25,16 +25,18 @@ mod template;
 pub use error::{ApplyError, FieldError, IdentityChange, InternalError, RuleErrors, sanitize};
 pub use evaluate::{Audited, Denial, Outcome, Verdict};
 pub use explain::{Step, StepResult};
+#[cfg(test)]
+pub(crate) use gate::JUDGED;
 pub use gate::{
     CLUSTER_SCOPED_KINDS, CompiledGate, DEFAULT_GATE_TIMEOUT, DEPLOYMENT_PROGRESS_DEADLINE,
-    Dependency, Target, cluster_scoped_message, gate_name, is_cluster_scoped,
+    Dependency, Reads, Target, cluster_scoped_message, gate_name, is_cluster_scoped,
 };
 pub use index::RuleIndex;
 pub use journal::PatchOp;
 pub use kind::{Gvk, KindError, KindPattern, Segment};
 pub use limits::{
     LimitError, Limits, MAX_DEPTH, MAX_QUERY_DESCENDANTS, MAX_QUERY_NESTING, MAX_REGEX_BYTES,
-    MAX_RULE_REGEXES, QUERY_WORK_LIMIT, RULE_REGEX_BYTES, RegexError,
+    MAX_RULE_REGEXES, QUERY_WORK_LIMIT, RULE_REGEX_BYTES, RegexError, human_bytes,
 };
 pub use lookup::{
     LookupError, LookupKind, LookupScope, LookupStore, LookupTarget, MAX_LOOKUPS, ScopeObjects,

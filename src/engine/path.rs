@@ -561,6 +561,9 @@ pub struct Query {
     /// A simple query's steps as the tokens of a pointer are written (names escaped), for
     /// [`Query::may_select_under`].
     written: Option<Vec<Written>>,
+    /// The single names the query takes from the root before anything else (see
+    /// [`Query::reads_under`]).
+    reads: Option<Vec<String>>,
     text: String,
     /// Descendant segments (`..`): each can visit the whole object again.
     descendants: usize,
@@ -656,10 +659,20 @@ impl Query {
                 })
                 .collect()
         });
+        let reads = leading.as_ref().map(|steps| {
+            steps
+                .iter()
+                .map_while(|step| match step {
+                    Step::Names(names) if names.len() == 1 => names.first().cloned(),
+                    _ => None,
+                })
+                .collect()
+        });
         Ok(Query {
             query,
             simple,
             written,
+            reads,
             text: text.to_string(),
             descendants: shape.descendants,
             regex_functions: patterns.len(),
@@ -710,6 +723,14 @@ impl Query {
     /// True when [`Query::select`] cannot fail on any object (it never refuses the work).
     pub fn cannot_fail(&self) -> bool {
         self.simple.is_some() || (self.descendants == 0 && self.regex_functions == 0)
+    }
+
+    /// The names (unescaped) the query takes one by one from the root before any other step:
+    /// everything it reads of an object is under them (`["status", "conditions"]` for
+    /// `$.status.conditions[?@.type == 'Ready'].status`). `None` when it may read anything
+    /// (it reads from the root again, `$` inside a filter).
+    pub fn reads_under(&self) -> Option<&[String]> {
+        self.reads.as_deref()
     }
 
     /// Whether a change at `pointer` may change what the query selects. It cannot when the

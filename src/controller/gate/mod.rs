@@ -310,6 +310,10 @@ impl Duty for Gates {
                 .metrics
                 .gate_objects
                 .set(i64::try_from(run.world.objects()).unwrap_or(i64::MAX));
+            run.shared
+                .metrics
+                .gate_object_bytes
+                .set(i64::try_from(run.world.object_bytes()).unwrap_or(i64::MAX));
             if leader.is_leader() {
                 run.dispatch();
             }

@@ -12,6 +12,7 @@
 //!   Pods) and the deadlines.
 //! - [`release_patch`]: the one merge patch that releases gates on a Pod.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
 use crate::api::{GATE_PREFIX, GATED_LABEL, OnTimeout};
+use crate::engine::Reads;
 use crate::engine::{CompiledGate, Dependency, RuleId, RuleIndex, Target};
 
 /// A Pod, by namespace and name.
@@ -132,6 +134,9 @@ pub(crate) struct ObjectRef {
     /// cluster-scoped kind is then never watched nor judged (initium would read it with its
     /// own permissions for the namespace's owner).
     pub own_namespace: bool,
+    /// What the dependency's conditions read: all the watch keeps of the object. Dependencies
+    /// on the same object that read different parts of it are fed by different watches.
+    pub reads: Reads,
 }
 
 impl ObjectRef {
@@ -143,11 +148,13 @@ impl ObjectRef {
                 api_version,
                 kind,
                 target,
+                reads,
                 ..
             } => Some(ObjectRef::new(
                 api_version,
                 kind,
                 target,
+                reads,
                 pod_namespace,
                 rule,
             )),
@@ -159,6 +166,7 @@ impl ObjectRef {
         api_version: &str,
         kind: &str,
         target: &Target,
+        reads: &Reads,
         pod_namespace: &str,
         rule: &RuleId,
     ) -> ObjectRef {
@@ -170,6 +178,7 @@ impl ObjectRef {
             namespace: target.namespace(pod_namespace).to_string(),
             name: target.name.clone(),
             own_namespace: rule.namespace.is_some(),
+            reads: reads.clone(),
         }
     }
 }
@@ -230,11 +239,13 @@ impl DepKey {
                 api_version,
                 kind,
                 target,
+                reads,
                 ..
             } => DepKey::Object(ObjectRef::new(
                 api_version,
                 kind,
                 target,
+                reads,
                 pod_namespace,
                 rule,
             )),
@@ -339,8 +350,21 @@ pub(crate) struct World {
 struct ObjectStore {
     /// Whether discovery found the kind namespaced (`None`: not resolved yet).
     namespaced: Option<bool>,
-    /// The object, without its managedFields.
-    object: Option<Arc<Value>>,
+    /// The object, reduced to what the conditions read.
+    object: Option<Kept>,
+}
+
+/// An object kept for `object` dependencies, with what was judged of it.
+#[derive(Debug)]
+struct Kept {
+    value: Arc<Value>,
+    /// Bytes of `value` as JSON.
+    bytes: usize,
+    /// Whether the conditions of each text hold on this object: judged once, for every Pod
+    /// that waits on it, until the object changes. A tenant's slow conditions (each judgement
+    /// bounded by `OBJECT_JUDGE_BUDGET`) then cost once per change of the object, not once
+    /// per waiting Pod, in the loop that releases everyone's Pods.
+    judged: RefCell<HashMap<Arc<str>, bool>>,
 }
 
 impl World {
@@ -383,6 +407,15 @@ impl World {
             .values()
             .filter(|store| store.object.is_some())
             .count()
+    }
+
+    /// Bytes (as JSON) of the objects kept for `object` dependencies.
+    pub(crate) fn object_bytes(&self) -> usize {
+        self.objects
+            .values()
+            .filter_map(|store| store.object.as_ref())
+            .map(|kept| kept.bytes)
+            .sum()
     }
 
     /// Records whether the kind of `object` is namespaced (from discovery); returns the key
@@ -568,7 +601,19 @@ impl World {
                     return Vec::new();
                 }
                 let store = self.objects.entry(object.clone()).or_default();
-                store.object = Some(value);
+                // A change outside what the conditions read changes nothing to judge.
+                if store
+                    .object
+                    .as_ref()
+                    .is_some_and(|kept| kept.value == value)
+                {
+                    return Vec::new();
+                }
+                store.object = Some(Kept {
+                    bytes: serde_json::to_vec(&*value).map_or(0, |json| json.len()),
+                    value,
+                    judged: RefCell::default(),
+                });
                 vec![DepKey::Object(object.clone())]
             }
             // A fact from another kind's watch: never sent.
@@ -700,10 +745,15 @@ impl World {
                 if object.own_namespace && store.namespaced != Some(true) {
                     return false;
                 }
-                store
-                    .object
-                    .as_ref()
-                    .is_some_and(|value| dep.object_holds(value))
+                let (Some(kept), Dependency::Object { text, .. }) = (&store.object, dep) else {
+                    return false;
+                };
+                if let Some(holds) = kept.judged.borrow().get(text) {
+                    return *holds;
+                }
+                let holds = dep.object_holds(&kept.value);
+                kept.judged.borrow_mut().insert(text.clone(), holds);
+                holds
             }
         }
     }

@@ -24,6 +24,7 @@ use tokio::task::AbortHandle;
 
 use super::state::{Fact, ObjectKind, ObjectRef, Update, WatchKind};
 use crate::controller::duty::Context;
+use crate::engine::Reads;
 
 /// The label that ties an EndpointSlice to its Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -202,7 +203,11 @@ async fn run(
                 Api::<DynamicObject>::all_with(client, &resource)
             };
             let config = watcher::Config::default().fields(&name_selector(&object.name));
-            forward(watcher(api, config), &kind, send, &context, object_fact).await;
+            let reads = object.reads.clone();
+            forward(watcher(api, config), &kind, send, &context, |o| {
+                object_fact(o, &reads)
+            })
+            .await;
         }
     }
 }
@@ -271,7 +276,7 @@ async fn forward<K, S>(
     kind: &WatchKind,
     send: impl Fn(KindEvent),
     context: &Context,
-    to_fact: fn(&K) -> Option<Fact>,
+    to_fact: impl Fn(&K) -> Option<Fact>,
 ) where
     K: Debug,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
@@ -390,11 +395,14 @@ fn daemon_set_fact(ds: &PartialObjectMeta<DaemonSet>) -> Option<Fact> {
     })
 }
 
-fn object_fact(object: &DynamicObject) -> Option<Fact> {
+/// The object reduced to what the dependency's conditions read (and never its managedFields):
+/// what initium keeps is what the rule's author asked about, however large the object.
+fn object_fact(object: &DynamicObject, reads: &Reads) -> Option<Fact> {
     let mut value = serde_json::to_value(object).ok()?;
     if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
         meta.remove("managedFields");
     }
+    reads.keep(&mut value);
     Some(Fact::Object {
         namespace: object.metadata.namespace.clone(),
         name: object.metadata.name.clone()?,

@@ -196,6 +196,20 @@ impl Conditions {
         None
     }
 
+    /// The subtrees of an object these conditions read, each as the names from the root to
+    /// it (no conditions: none); `None` when some condition may read anything. An object
+    /// reduced to these subtrees holds the same conditions (see `gate::Reads`).
+    pub(crate) fn reads(&self) -> Option<Vec<Vec<String>>> {
+        let mut paths = Vec::new();
+        for c in &self.0 {
+            paths.push(c.query.reads_under()?.to_vec());
+            if let Test::In(query) = &c.test {
+                paths.push(query.reads_under()?.to_vec());
+            }
+        }
+        Some(paths)
+    }
+
     /// True when some condition reads the object besides what its path selects (`in`).
     pub(crate) fn reads_object(&self) -> bool {
         self.0.iter().any(|c| matches!(c.test, Test::In(_)))

@@ -356,7 +356,14 @@ fn pods_dependencies_count_ready_pods_matching_the_selector_in_the_namespace() {
     assert!(!holds(&world));
 }
 
-fn object_ref(kind: &str, namespace: &str, name: &str, own_namespace: bool) -> ObjectRef {
+/// `reads`: the paths (dotted) the dependency's conditions read.
+fn object_ref(
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    own_namespace: bool,
+    reads: &[&str],
+) -> ObjectRef {
     ObjectRef {
         kind: ObjectKind {
             api_version: "example.com/v1".into(),
@@ -365,6 +372,12 @@ fn object_ref(kind: &str, namespace: &str, name: &str, own_namespace: bool) -> O
         namespace: namespace.into(),
         name: name.into(),
         own_namespace,
+        reads: Reads::Under(
+            reads
+                .iter()
+                .map(|path| path.split('.').map(String::from).collect())
+                .collect(),
+        ),
     }
 }
 
@@ -388,8 +401,8 @@ fn object_dependencies_hold_when_their_conditions_do() {
     let p = pod("web-1", &[&gate_of(&r)]);
     // One watch per object named: the Foo in infra, the Zone in the Pod's namespace (if Zone
     // turns out namespaced; it is cluster-scoped here).
-    let foo = object_ref("Foo", "infra", "f", false);
-    let zone = object_ref("Zone", NS, "z", false);
+    let foo = object_ref("Foo", "infra", "f", false, &["status.phase"]);
+    let zone = object_ref("Zone", NS, "z", false, &[]);
     let mut world = World::default();
     let holds = |w: &World| judge(&p, &gates, w, &BTreeSet::new(), ts(1)).is_release();
     let verdict = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
@@ -462,7 +475,7 @@ fn a_mutation_rules_dependency_on_a_cluster_scoped_object_is_never_judged() {
     let cluster_gates = gates(std::slice::from_ref(&c));
     let gates = gates(std::slice::from_ref(&r));
     let p = pod("web-1", &[&gate_of(&r)]);
-    let vault = object_ref("Vault", NS, "main", true);
+    let vault = object_ref("Vault", NS, "main", true, &["status.phase"]);
     let mut world = World::default();
     let verdict = judge(&p, &gates, &world, &BTreeSet::new(), ts(1));
     assert_eq!(
@@ -508,7 +521,7 @@ fn a_mutation_rules_dependency_on_a_cluster_scoped_object_is_never_judged() {
     );
     // The same object for a ClusterMutationRule is judged.
     let q = pod("web-2", &[&gate_of(&c)]);
-    let shared = object_ref("Vault", NS, "main", false);
+    let shared = object_ref("Vault", NS, "main", false, &["status.phase"]);
     world.set_namespaced(&shared, false);
     world.apply(
         &WatchKind::Object(shared),
@@ -887,4 +900,67 @@ fn gated_pod_facts_come_from_the_pod() {
     assert!(g.labeled);
     assert!(g.node_affinity.is_some());
     assert_eq!(g.created, Some("2024-01-01T00:00:00Z".parse().unwrap()));
+}
+
+#[test]
+fn an_object_is_judged_once_for_all_the_pods_that_wait_on_it_until_what_it_reads_changes() {
+    // A tenant's many Pods waiting on one object: the loop that releases everyone's Pods
+    // judges its conditions once per change, not once per Pod.
+    let r = rule(
+        RuleId::namespaced(NS, "after-foo"),
+        json!({"waitFor": [{"object": {"apiVersion": "example.com/v1", "kind": "Foo", "name": "f",
+            "conditions": [{"path": "$.status.phase", "equals": "Ready"}]}}]}),
+    );
+    let gates = gates(std::slice::from_ref(&r));
+    let foo = object_ref("Foo", NS, "f", true, &["status.phase"]);
+    let pods: Vec<_> = (0..200)
+        .map(|i| pod(&format!("web-{i}"), &[&gate_of(&r)]))
+        .collect();
+    let mut world = World::default();
+    world.set_namespaced(&foo, true);
+    let kind = WatchKind::Object(foo.clone());
+    let judged = || crate::engine::JUDGED.with(std::cell::Cell::get);
+    let releases = |world: &World| {
+        pods.iter()
+            .filter(|p| judge(p, &gates, world, &BTreeSet::new(), ts(1)).is_release())
+            .count()
+    };
+    let reduced = |world: &mut World, phase: &str, other: &str| {
+        let mut value = json!({"metadata": {"name": "f", "namespace": NS},
+            "status": {"phase": phase}, "data": {"other": other}});
+        foo.reads.keep(&mut value);
+        world.apply(
+            &kind,
+            Update::Apply(Fact::Object {
+                namespace: Some(NS.into()),
+                name: "f".into(),
+                value: Arc::new(value),
+            }),
+        )
+    };
+    assert_eq!(
+        reduced(&mut world, "Pending", "a"),
+        vec![DepKey::Object(foo.clone())]
+    );
+    // What the conditions do not read was never kept: a change there changes nothing.
+    assert!(reduced(&mut world, "Pending", "b").is_empty());
+    assert_eq!(
+        world.object_bytes(),
+        r#"{"status":{"phase":"Pending"}}"#.len()
+    );
+    let before = judged();
+    assert_eq!(releases(&world), 0);
+    assert_eq!(judged() - before, 1, "200 Pods, one judgement");
+    let mut value = json!({"status": {"phase": "Ready"}});
+    foo.reads.keep(&mut value);
+    world.apply(
+        &kind,
+        Update::Apply(Fact::Object {
+            namespace: Some(NS.into()),
+            name: "f".into(),
+            value: Arc::new(value),
+        }),
+    );
+    assert_eq!(releases(&world), 200);
+    assert_eq!(judged() - before, 2, "judged again once, after the change");
 }
