@@ -1336,68 +1336,13 @@ async fn a_tenants_slow_regexes_leave_other_namespaces_served_and_readyz_answeri
     blob.push_str(&"b".repeat(100));
     blob.push('c');
 
-    // /readyz, every 100 ms, from its own thread.
-    let stop = Arc::new(AtomicBool::new(false));
-    let ops = initium.ops;
-    let probe = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut worst = Duration::ZERO;
-            let mut failures = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let sent = Instant::now();
-                match support::process::http_get(ops, "/readyz") {
-                    Ok((200, _)) => {}
-                    Ok((status, body)) => failures.push(format!("{status} {body}")),
-                    Err(e) => failures.push(e.to_string()),
-                }
-                worst = worst.max(sent.elapsed());
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            (worst, failures)
-        })
+    let tenant_pod = move |tenant: &str, name: &str| {
+        let mut pod = pod(tenant, name);
+        pod.metadata.annotations = Some(BTreeMap::from([("blob".to_string(), blob.clone())]));
+        pod
     };
-
-    // The flood: 8 tenant creates at a time, 40 in all.
-    let tenant_pods = Api::<Pod>::namespaced(client.clone(), &tenant);
-    let flood: Vec<_> = (0..8)
-        .map(|worker| {
-            let (api, blob, tenant) = (tenant_pods.clone(), blob.clone(), tenant.clone());
-            tokio::spawn(async move {
-                let mut answered = 0;
-                for n in 0..5 {
-                    let mut pod = pod(&tenant, &format!("t-{worker}-{n}"));
-                    pod.metadata.annotations =
-                        Some(BTreeMap::from([("blob".to_string(), blob.clone())]));
-                    if api.create(&PostParams::default(), &pod).await.is_ok() {
-                        answered += 1;
-                    }
-                }
-                answered
-            })
-        })
-        .collect();
-    let other_stream = CreateStream::start(&client, &other, "o", 2, 30, Duration::from_secs(120));
-    let mut tenant_created = 0;
-    for worker in flood {
-        tenant_created += worker.await.expect("a tenant worker");
-    }
-    eventually(
-        "the other namespace's creates to be answered",
-        Duration::from_secs(120),
-        || async {
-            let o = other_stream.snapshot().len();
-            if o >= 60 {
-                Ok(())
-            } else {
-                Err(format!("{o} other creates answered"))
-            }
-        },
-    )
-    .await;
-    let other_results = other_stream.finish().await;
-    stop.store(true, Ordering::Relaxed);
-    let (readyz_worst, readyz_failures) = probe.join().expect("the /readyz probe");
+    let (tenant_created, other_results, readyz_worst, readyz_failures) =
+        flood_beside_others(&client, &initium, &tenant, &other, (8, 5), tenant_pod).await;
 
     let latencies = served_latencies(&other_results);
     let worst = latencies.iter().max().copied().unwrap_or_default();
@@ -1428,6 +1373,151 @@ async fn a_tenants_slow_regexes_leave_other_namespaces_served_and_readyz_answeri
         initium.log.display()
     );
     within_memory_limit(&initium, "slow regexes");
+}
+
+/// A tenant's flood of creates, `workers` × `each` built by `tenant_pod`, beside a steady stream
+/// of creates in `other` (60 answered at least) and `/readyz` every 100 ms from its own thread:
+/// how many tenant Pods were created, the other creates, and `/readyz`'s worst time and
+/// failures.
+async fn flood_beside_others(
+    client: &kube::Client,
+    initium: &Initium,
+    tenant: &str,
+    other: &str,
+    (workers, each): (usize, usize),
+    tenant_pod: impl Fn(&str, &str) -> Pod + Send + Sync + 'static,
+) -> (usize, Vec<Created>, Duration, Vec<String>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = initium.ops;
+    let probe = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut worst = Duration::ZERO;
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let sent = Instant::now();
+                match support::process::http_get(ops, "/readyz") {
+                    Ok((200, _)) => {}
+                    Ok((status, body)) => failures.push(format!("{status} {body}")),
+                    Err(e) => failures.push(e.to_string()),
+                }
+                worst = worst.max(sent.elapsed());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (worst, failures)
+        })
+    };
+    let tenant_pod = Arc::new(tenant_pod);
+    let tenant_pods = Api::<Pod>::namespaced(client.clone(), tenant);
+    let flood: Vec<_> = (0..workers)
+        .map(|worker| {
+            let (api, build, tenant) =
+                (tenant_pods.clone(), tenant_pod.clone(), tenant.to_string());
+            tokio::spawn(async move {
+                let mut answered = 0;
+                for n in 0..each {
+                    let pod = build(&tenant, &format!("t-{worker}-{n}"));
+                    if api.create(&PostParams::default(), &pod).await.is_ok() {
+                        answered += 1;
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
+    let other_stream = CreateStream::start(client, other, "o", 2, 30, Duration::from_secs(120));
+    let mut tenant_created = 0;
+    for worker in flood {
+        tenant_created += worker.await.expect("a tenant worker");
+    }
+    eventually(
+        "the other namespace's creates to be answered",
+        Duration::from_secs(120),
+        || async {
+            let o = other_stream.snapshot().len();
+            if o >= 60 {
+                Ok(())
+            } else {
+                Err(format!("{o} other creates answered"))
+            }
+        },
+    )
+    .await;
+    let other_results = other_stream.finish().await;
+    stop.store(true, Ordering::Relaxed);
+    let (readyz_worst, readyz_failures) = probe.join().expect("the /readyz probe");
+    (tenant_created, other_results, readyz_worst, readyz_failures)
+}
+
+/// Issue 30, finding 2, on a real API server: a tenant's rules with `in:` over every node of
+/// the object (`$..*`), and a flood of that tenant's 1 MB Pods of dense JSON (30,000
+/// environment variables). Before, the sets were built whole (two 2.8 MB Pods took initium to
+/// 1.77 GB); now they stop at 1 MiB, and each large review is charged its memory before it is
+/// parsed (`--max-review-memory`). Other namespaces stay mutated within the budget, `/readyz`
+/// answers, and initium stays under the chart's 256 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_in_flood_over_large_pods_leaves_others_served_within_the_memory_limit() {
+    let _serial = serial().await;
+    let name = support::unique("f-inflood");
+    let _cleanup = Cleanup::new(&[&name]);
+    let client = client().await;
+    let own = support::namespace(&client, "initium").await;
+    let tenant = support::namespace(&client, "tenant").await;
+    let other = support::namespace(&client, "other").await;
+    let mut initium = start(&name, &own, "one").await;
+
+    let every = json!({"match": {"kinds": ["Pod"]},
+        "conditions": [{"path": "$..name", "in": "$..*"}],
+        "mutations": [{"merge": {"metadata": {"labels": {"in": "done"}}}}]});
+    let names: Vec<String> = (0..4).map(|i| format!("in-{i}")).collect();
+    for rule in &names {
+        apply_rule(&client, &tenant, rule, &every)
+            .await
+            .unwrap_or_else(|e| panic!("{rule}: {e}"));
+    }
+    apply_rule(&client, &other, "served", &label_rule("served", "yes"))
+        .await
+        .expect("the other namespace's rule");
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_statuses(&client, &tenant, &refs, Duration::from_secs(60)).await;
+    wait_statuses(&client, &other, &["served"], Duration::from_secs(60)).await;
+    wait_admission_label(&client, &other, "served", "yes").await;
+
+    let env: Vec<Value> = (0..30_000)
+        .map(|i| json!({"name": format!("VARIABLE_{i:05}"), "value": "v"}))
+        .collect();
+    let tenant_pod = move |tenant: &str, name: &str| -> Pod {
+        let mut pod = pod_json(tenant, name);
+        pod["spec"]["containers"][0]["env"] = Value::Array(env.clone());
+        serde_json::from_value(pod).expect("a Pod")
+    };
+    let bytes = serde_json::to_vec(&tenant_pod(&tenant, "size")).map_or(0, |v| v.len());
+    let (tenant_created, other_results, readyz_worst, readyz_failures) =
+        flood_beside_others(&client, &initium, &tenant, &other, (4, 3), tenant_pod).await;
+
+    let latencies = served_latencies(&other_results);
+    let worst = latencies.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "faults: in: flood: {tenant_created} tenant Pods of {bytes} bytes created; {} other creates p50 {:?} p99 {:?} max {worst:?}; /readyz worst {readyz_worst:?}",
+        other_results.len(),
+        quantile(&latencies, 0.5),
+        quantile(&latencies, 0.99)
+    );
+    // Every other create was mutated (`served_latencies`): initium answered it within the
+    // webhook's timeout with its rules applied. Its time end to end is not asserted here: the
+    // API server itself decodes, defaults and stores the tenant's 1 MB Pods meanwhile (seen:
+    // p50 24 ms, max 0.7 s on the 2-core VM).
+    assert!(readyz_failures.is_empty(), "/readyz: {readyz_failures:?}");
+    assert!(
+        readyz_worst <= OTHERS_SERVED_WITHIN,
+        "/readyz took {readyz_worst:?}"
+    );
+    assert!(
+        initium.running(),
+        "serve died; see {}",
+        initium.log.display()
+    );
+    within_memory_limit(&initium, "in: flood over 1 MB Pods");
 }
 
 /// A tenant's four 1.4 MB MutationRules, each one template query of 700,000 segments, stored

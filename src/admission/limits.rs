@@ -46,6 +46,9 @@ pub struct Limits {
     /// inline slice), in turns per namespace (`--max-blocking-reviews`); one that waits longer
     /// than the latency budget gets 503 and the API server applies the webhook's failure policy.
     pub max_blocking_reviews: usize,
+    /// Memory the reviews on the blocking pool may take together, each charged its estimate
+    /// ([`super::fair::review_memory`]) before it is parsed (`--max-review-memory`).
+    pub max_review_memory: usize,
     /// JSON values (array elements, object members, containers) in a review above 64 KiB
     /// (`--max-json-values`); above it, 413 before the review is parsed. Parsed JSON takes up
     /// to 16 times the bytes of its text (8 MiB of `[0,0,...]` is 128 MiB of values), so the
@@ -65,6 +68,7 @@ impl Default for Limits {
             http2_max_concurrent_streams: 100,
             max_concurrent_validations: 2,
             max_blocking_reviews: 2,
+            max_review_memory: 128 << 20,
             max_json_values: 1_000_000,
         }
     }
@@ -97,6 +101,9 @@ impl Limits {
         }
         if self.max_blocking_reviews == 0 {
             return zero("--max-blocking-reviews");
+        }
+        if self.max_review_memory == 0 {
+            return zero("--max-review-memory");
         }
         if self.max_json_values == 0 {
             return zero("--max-json-values");

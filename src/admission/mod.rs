@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::engine::human_bytes;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -269,8 +270,14 @@ async fn mutate_request(
         .checked_add(shared.config.budget)
         .unwrap_or(record.arrival());
     let turns = shared.blocking_reviews.clone();
+    // Small reviews (they started inline) take a few MiB at most, whatever the rules.
+    let memory = if body.len() <= shared.config.inline_body_limit {
+        0
+    } else {
+        fair::review_memory(body.len(), shared.config.limits.max_review_memory)
+    };
     match turns
-        .turn(&namespace, tokio::time::Instant::from_std(deadline))
+        .turn(&namespace, memory, tokio::time::Instant::from_std(deadline))
         .await
     {
         Some(turn) => {
@@ -286,11 +293,14 @@ async fn mutate_request(
         }
         None => {
             let limit = shared.config.limits.max_blocking_reviews;
+            let pool = human_bytes(shared.config.limits.max_review_memory);
             let message = format!(
-                "initium is busy: {limit} AdmissionReviews that are large or whose rules run long \
-                 are being evaluated (--max-blocking-reviews) and this one waited its whole \
+                "initium is busy: up to {limit} AdmissionReviews that are large or whose rules \
+                 run long are being evaluated (--max-blocking-reviews), in at most {pool} of \
+                 memory (--max-review-memory, this one needs {}), and this one waited its whole \
                  latency budget; the API server applies the webhook's failure policy, a client \
-                 may retry"
+                 may retry",
+                human_bytes(memory)
             );
             tracing::warn!(bytes = body.len(), "{message}");
             (Reply::Busy(message), record)
@@ -575,7 +585,7 @@ mod tests {
             taken.push(
                 shared
                     .blocking_reviews
-                    .turn("other", later)
+                    .turn("other", 0, later)
                     .await
                     .expect("a turn"),
             );
@@ -646,5 +656,86 @@ mod tests {
                 && text.contains("spec.mutations[0].merge: the value nests 120 levels deep"),
             "{text}"
         );
+    }
+}
+/// What one large review takes at its peak against what it is charged
+/// ([`fair::REVIEW_MEMORY_PER_BYTE`]). Linux only (`/proc/self/clear_refs`), one test at a time:
+/// `cargo test --lib review_memory -- --ignored --test-threads=1 --nocapture`.
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod review_memory {
+    use super::*;
+    use axum::body::Body;
+    use tower::ServiceExt as _;
+
+    fn status_kib(field: &str) -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[tokio::test]
+    #[ignore = "measures the process's memory: run alone, see the module's doc"]
+    async fn a_large_review_takes_at_most_the_memory_it_is_charged() {
+        let review: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/data/admission/pod-create.json"))
+                .unwrap();
+        let shared = Shared::new(state::AdmissionConfig {
+            budget: Duration::from_secs(5),
+            ..state::AdmissionConfig::default()
+        });
+        let rule = serde_json::json!({"apiVersion": "initium.dev/v1alpha1",
+            "kind": "ClusterMutationRule", "metadata": {"name": "r"},
+            "spec": {"match": {"kinds": ["Pod"]}, "mutations": [
+                {"merge": {"metadata": {"labels": {"seen": "yes"}}}},
+                {"forEach": "$.spec.containers[*]",
+                 "mutations": [{"merge": {"imagePullPolicy": "Always"}}]}]}});
+        let compiled = vec![crate::engine::compile_document(&rule, "default").unwrap()];
+        shared
+            .rules
+            .store(Arc::new(crate::engine::RuleIndex::new(compiled)));
+        // Dense JSON first (the most memory per byte: a map and two strings per 30 bytes),
+        // while the allocator has kept nothing from earlier reviews.
+        for shape in ["40,000 env vars", "one 1.7 MB annotation", "400,000 args"] {
+            let mut review = review.clone();
+            let pod = review.pointer_mut("/request/object").unwrap();
+            match shape {
+                "40,000 env vars" => {
+                    pod["spec"]["containers"][0]["env"] = (0..40_000)
+                        .map(|i| serde_json::json!({"name": format!("V{i}"), "value": "v"}))
+                        .collect();
+                }
+                "one 1.7 MB annotation" => {
+                    pod["metadata"]["annotations"] =
+                        serde_json::json!({"big": "x".repeat(1_700_000)});
+                }
+                _ => {
+                    pod["spec"]["containers"][0]["args"] = (0..400_000).map(|_| "1").collect();
+                }
+            }
+            let body = serde_json::to_vec(&review).unwrap();
+            let bytes = body.len();
+            std::fs::write("/proc/self/clear_refs", "5").unwrap();
+            let before = status_kib("VmRSS:");
+            let request = axum::http::Request::post(MUTATE_PATH)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::CONTENT_LENGTH, bytes)
+                .body(Body::from(body))
+                .unwrap();
+            let response = router(shared.clone()).oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "{shape}");
+            let answer = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+            assert!(answer.is_ok_and(|a| a.len() > 100), "{shape}");
+            let peak = (status_kib("VmHWM:") - before) * 1024;
+            eprintln!(
+                "review memory: {shape}: {bytes} bytes of review, peak +{peak} bytes ({:.1} per byte; charged {})",
+                peak as f64 / bytes as f64,
+                fair::REVIEW_MEMORY_PER_BYTE
+            );
+            assert!(
+                peak <= bytes * fair::REVIEW_MEMORY_PER_BYTE,
+                "{shape}: a review of {bytes} bytes took {peak} bytes at its peak, more than it is charged"
+            );
+        }
     }
 }

@@ -136,7 +136,10 @@ impl Shared {
             metrics: Metrics::default(),
             inflight: InflightBytes::new(limits.max_inflight_bytes),
             validations: Arc::new(Semaphore::new(limits.max_concurrent_validations)),
-            blocking_reviews: super::fair::FairTurns::new(limits.max_blocking_reviews),
+            blocking_reviews: super::fair::FairTurns::new(
+                limits.max_blocking_reviews,
+                limits.max_review_memory,
+            ),
             labels: ArcSwap::from_pointee(LabelView::default()),
             audit: super::audit::AuditTally::default(),
             config,

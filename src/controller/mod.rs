@@ -155,9 +155,12 @@ pub struct ControllerConfig {
     /// (`--max-lookups-per-namespace`; default [`DEFAULT_MAX_LOOKUPS_PER_NAMESPACE`]);
     /// ClusterMutationRules are exempt.
     pub max_lookups_per_namespace: usize,
+    /// Distinct objects the gates of one namespace's MutationRules may wait on together
+    /// (`--max-gate-objects-per-namespace`); ClusterMutationRules are exempt.
+    pub max_gate_objects_per_namespace: usize,
 }
 
-pub use rules::DEFAULT_MAX_LOOKUPS_PER_NAMESPACE;
+pub use rules::{DEFAULT_MAX_GATE_OBJECTS_PER_NAMESPACE, DEFAULT_MAX_LOOKUPS_PER_NAMESPACE};
 
 /// Default `--gate-release-concurrency`: on the 2-core test machine, 1,000 Pods released by
 /// one dependency took 5.9 s at 16 and 3.9 s at 64 (`scripts/bench gate`, BENCHMARKS.md).
@@ -185,6 +188,7 @@ impl ControllerConfig {
             quotas: rules::Quotas::default(),
             max_audit_events_per_namespace: audit::DEFAULT_MAX_AUDIT_EVENTS_PER_NAMESPACE as usize,
             max_lookups_per_namespace: DEFAULT_MAX_LOOKUPS_PER_NAMESPACE,
+            max_gate_objects_per_namespace: DEFAULT_MAX_GATE_OBJECTS_PER_NAMESPACE,
         }
     }
 
@@ -341,6 +345,7 @@ pub async fn run(
         rules::NamespaceQuotas {
             rules: config.quotas,
             lookups: rules::LookupQuota(config.max_lookups_per_namespace),
+            gate_objects: rules::GateObjectQuota(config.max_gate_objects_per_namespace),
         },
         shared.clone(),
         readiness.clone(),

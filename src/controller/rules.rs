@@ -7,6 +7,7 @@
 //! of the webhook configuration), so what `kubectl get` shows in READY is what runs. One bad
 //! rule never stops the others.
 
+use crate::engine::human_bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -46,6 +47,9 @@ pub enum Verdict {
     /// A MutationRule whose lookups would take its namespace over the quota of distinct
     /// ConfigMaps looked up (`--max-lookups-per-namespace`).
     LookupQuota(String),
+    /// A MutationRule whose gate would take its namespace over the quota of distinct objects
+    /// waited on (`--max-gate-objects-per-namespace`).
+    GateObjectQuota(String),
     /// Would take its namespace past a quota (`--max-rules-per-namespace`,
     /// `--max-rule-bytes-per-namespace`): Ready once the namespace has room.
     QuotaExceeded(String),
@@ -120,17 +124,6 @@ impl Quotas {
             used.rules += 1;
             used.bytes = bytes;
         }
-    }
-}
-
-/// `1.5 MiB`, `12 KiB`, `100 bytes`: for the quota messages.
-fn human_bytes(n: usize) -> String {
-    if n >= 1 << 20 {
-        format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20))
-    } else if n >= 1 << 10 {
-        format!("{:.1} KiB", n as f64 / 1024.0)
-    } else {
-        format!("{n} bytes")
     }
 }
 
@@ -359,6 +352,8 @@ struct RuleTable {
     quotas: Quotas,
     /// Distinct ConfigMaps the MutationRules of one namespace may look up.
     lookup_quota: LookupQuota,
+    /// Distinct objects the gates of one namespace's MutationRules may wait on.
+    gate_object_quota: GateObjectQuota,
 }
 
 /// Distinct ConfigMaps the MutationRules of one namespace may look up together
@@ -400,28 +395,46 @@ fn holds_quota(entry: &Entry) -> bool {
 /// (holds no place yet, has no creation time, creation time, id, index in the table).
 type InLine<'a> = (bool, bool, Option<Timestamp>, &'a RuleId, usize);
 
-/// Applies the lookup quota to the MutationRules that would otherwise be Ready (`verdicts`,
-/// one per entry, in the table's order): per namespace, rules are admitted in order (those
-/// holding a place first, then the oldest, then by name) while the distinct ConfigMaps they
-/// look up together stay within `quota`; a rule that would go over it is not Ready, with a
-/// sentence naming the quota and the flag. A rule that reads only ConfigMaps admitted rules
-/// read already adds nothing. ClusterMutationRules are exempt: they are written by cluster
-/// administrators, who also set the flag.
-fn apply_lookup_quota(
+/// The distinct things a rule names, each as (key, how a person reads it).
+type Targets<'r> = &'r dyn Fn(&CompiledRule) -> Vec<(String, String)>;
+
+/// The verdict of a rule that would go over a quota: (namespace, max, how many the admitted
+/// rules hold, what this one would add).
+type Refuse<'r> = &'r dyn Fn(&str, usize, usize, &[&str]) -> Verdict;
+
+/// What the MutationRules of one namespace may make initium keep per distinct thing they name:
+/// the ConfigMaps they look up, the objects their gates wait on.
+struct DistinctQuota<'r> {
+    max: usize,
+    targets: Targets<'r>,
+    refuse: Refuse<'r>,
+}
+
+/// Applies a per-namespace quota of distinct targets to the MutationRules that would otherwise
+/// be Ready (`verdicts`, one per entry, in the table's order): per namespace, rules are
+/// admitted in order (those holding a place first, then the oldest, then by name) while the
+/// distinct targets they name together stay within the quota; a rule that would go over it is
+/// not Ready, with a sentence naming the quota and the flag. A rule that names only what
+/// admitted rules name already adds nothing. ClusterMutationRules are exempt: they are written
+/// by cluster administrators, who also set the flags.
+fn apply_distinct_quota(
     entries: &BTreeMap<RuleId, Entry>,
     verdicts: &mut [Verdict],
-    quota: LookupQuota,
+    quota: &DistinctQuota<'_>,
 ) {
     let mut by_namespace: BTreeMap<&str, Vec<InLine<'_>>> = BTreeMap::new();
+    let mut named: HashMap<usize, Vec<(String, String)>> = HashMap::new();
     for (i, ((id, entry), verdict)) in entries.iter().zip(verdicts.iter()).enumerate() {
         let (Some(namespace), Ok(rule), true) =
             (id.namespace.as_deref(), &entry.compiled, verdict.is_ready())
         else {
             continue;
         };
-        if rule.lookup_targets().next().is_none() {
+        let targets = (quota.targets)(rule);
+        if targets.is_empty() {
             continue;
         }
+        named.insert(i, targets);
         by_namespace.entry(namespace).or_default().push((
             !holds_quota(entry),
             entry.created.is_none(),
@@ -434,41 +447,130 @@ fn apply_lookup_quota(
         rules.sort();
         let mut admitted: BTreeSet<&str> = BTreeSet::new();
         let mut refused = Vec::new();
-        for (_, _, _, id, i) in rules {
-            let Some(Ok(rule)) = entries.get(id).map(|entry| &entry.compiled) else {
+        for (_, _, _, _, i) in rules {
+            let Some(targets) = named.get(&i) else {
                 continue;
             };
-            let new: BTreeSet<&str> = rule
-                .lookup_targets()
-                .map(|t| t.name.as_str())
-                .filter(|name| !admitted.contains(name))
+            let new: BTreeSet<&str> = targets
+                .iter()
+                .map(|(key, _)| key.as_str())
+                .filter(|key| !admitted.contains(key))
                 .collect();
-            if admitted.len() + new.len() <= quota.0 {
+            if admitted.len() + new.len() <= quota.max {
                 admitted.extend(new);
             } else {
-                refused.push((i, rule));
+                refused.push((i, targets));
             }
         }
-        // Told against what the namespace's Ready rules look up in the end.
-        for (i, rule) in refused {
-            let new: BTreeSet<&str> = rule
-                .lookup_targets()
-                .map(|t| t.name.as_str())
-                .filter(|name| !admitted.contains(name))
+        // Told against what the namespace's Ready rules name in the end.
+        for (i, targets) in refused {
+            let mut new: Vec<&str> = targets
+                .iter()
+                .filter(|(key, _)| !admitted.contains(key.as_str()))
+                .map(|(_, shown)| shown.as_str())
                 .collect();
-            let list: Vec<&str> = new.into_iter().collect();
+            new.sort_unstable();
+            new.dedup();
             let Some(verdict) = verdicts.get_mut(i) else {
                 continue;
             };
-            *verdict = Verdict::LookupQuota(format!(
-                "spec.lookups: the MutationRules of namespace {namespace} may look up at most {max} distinct ConfigMaps together (the lookup quota, initium serve --max-lookups-per-namespace={max}); its other Ready rules look up {have}, and this rule would add {add} more ({names}): read ConfigMaps those rules read already, put the values in fewer ConfigMaps, or delete rules that no longer need theirs, and the rule becomes Ready by itself; or ask a cluster administrator to raise --max-lookups-per-namespace",
-                max = quota.0,
-                have = admitted.len(),
-                add = list.len(),
-                names = list.join(", "),
-            ));
+            *verdict = (quota.refuse)(namespace, quota.max, admitted.len(), &new);
         }
     }
+}
+
+/// The lookup quota ([`LookupQuota`]).
+fn apply_lookup_quota(
+    entries: &BTreeMap<RuleId, Entry>,
+    verdicts: &mut [Verdict],
+    quota: LookupQuota,
+) {
+    let targets = |rule: &CompiledRule| -> Vec<(String, String)> {
+        rule.lookup_targets()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    crate::untrusted::quote(&t.name).into_owned(),
+                )
+            })
+            .collect()
+    };
+    let refuse = |namespace: &str, max: usize, have: usize, new: &[&str]| {
+        Verdict::LookupQuota(format!(
+            "spec.lookups: the MutationRules of namespace {namespace} may look up at most {max} distinct ConfigMaps together (the lookup quota, initium serve --max-lookups-per-namespace={max}); its other Ready rules look up {have}, and this rule would add {add} more ({names}): read ConfigMaps those rules read already, put the values in fewer ConfigMaps, or delete rules that no longer need theirs, and the rule becomes Ready by itself; or ask a cluster administrator to raise --max-lookups-per-namespace",
+            add = new.len(),
+            names = new.join(", "),
+        ))
+    };
+    apply_distinct_quota(
+        entries,
+        verdicts,
+        &DistinctQuota {
+            max: quota.0,
+            targets: &targets,
+            refuse: &refuse,
+        },
+    );
+}
+
+/// Distinct objects the gates of one namespace's MutationRules may wait on together
+/// (`--max-gate-objects-per-namespace`): each is a watch (an API request held open) while
+/// Pods wait on it, and what its conditions read is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateObjectQuota(pub usize);
+
+/// Default `--max-gate-objects-per-namespace`: far more than the handful of objects (a
+/// database, a certificate, a migration's ConfigMap) a namespace's Pods wait on.
+pub const DEFAULT_MAX_GATE_OBJECTS_PER_NAMESPACE: usize = 32;
+
+impl Default for GateObjectQuota {
+    fn default() -> GateObjectQuota {
+        GateObjectQuota(DEFAULT_MAX_GATE_OBJECTS_PER_NAMESPACE)
+    }
+}
+
+/// The gate object quota ([`GateObjectQuota`]). Dependencies on one object that read
+/// different parts of it have a watch each, so they count once per set of parts.
+fn apply_gate_object_quota(
+    entries: &BTreeMap<RuleId, Entry>,
+    verdicts: &mut [Verdict],
+    quota: GateObjectQuota,
+) {
+    let targets = |rule: &CompiledRule| -> Vec<(String, String)> {
+        rule.gate()
+            .iter()
+            .flat_map(|g| g.wait_for.iter())
+            .filter_map(|dependency| match dependency {
+                Dependency::Object {
+                    api_version,
+                    kind,
+                    target,
+                    reads,
+                    ..
+                } => Some((
+                    format!("{api_version}/{kind}/{}/{reads:?}", target.name),
+                    format!("{kind} {}", crate::untrusted::quote(&target.name)),
+                )),
+                _ => None,
+            })
+            .collect()
+    };
+    let refuse = |namespace: &str, max: usize, have: usize, new: &[&str]| {
+        Verdict::GateObjectQuota(format!(
+            "spec.gate.waitFor: the MutationRules of namespace {namespace} may wait on at most {max} distinct objects together (the gate object quota, initium serve --max-gate-objects-per-namespace={max}; the same object counts again when its conditions read other fields); its other Ready rules wait on {have}, and this rule would add {add} more ({names}): wait on objects those rules wait on already, or delete rules that no longer need theirs, and the rule becomes Ready by itself; or ask a cluster administrator to raise --max-gate-objects-per-namespace",
+            add = new.len(),
+            names = new.join(", "),
+        ))
+    };
+    apply_distinct_quota(
+        entries,
+        verdicts,
+        &DistinctQuota {
+            max: quota.0,
+            targets: &targets,
+            refuse: &refuse,
+        },
+    );
 }
 
 /// The shared copy of `status`: an equal one already in `statuses`, or this one, added.
@@ -590,6 +692,7 @@ impl RuleTable {
                 .map(|(id, entry)| verdict(id, &entry.kinds, &entry.compiled, &served))
                 .collect();
             apply_lookup_quota(&self.entries, &mut verdicts, self.lookup_quota);
+            apply_gate_object_quota(&self.entries, &mut verdicts, self.gate_object_quota);
             {
                 let mut judged: Vec<_> = self
                     .entries
@@ -608,7 +711,8 @@ impl RuleTable {
                     && let Verdict::KindNotServed(m)
                     | Verdict::KindNotAllowed(m)
                     | Verdict::QuotaExceeded(m)
-                    | Verdict::LookupQuota(m) = &verdict
+                    | Verdict::LookupQuota(m)
+                    | Verdict::GateObjectQuota(m) = &verdict
                 {
                     tracing::warn!(rule = %id.describe(), reason = %m, "rule is not Ready");
                 }
@@ -763,14 +867,17 @@ pub(crate) struct Rules {
     snapshot: watch::Sender<Arc<Snapshot>>,
     needs: watch::Sender<Arc<Inputs>>,
     lookup_quota: LookupQuota,
+    gate_object_quota: GateObjectQuota,
 }
 
 /// The quotas of one namespace's MutationRules: Ready rules and what they hold ([`Quotas`]),
-/// and the ConfigMaps they look up ([`LookupQuota`]).
+/// the ConfigMaps they look up ([`LookupQuota`]) and the objects their gates wait on
+/// ([`GateObjectQuota`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct NamespaceQuotas {
     pub rules: Quotas,
     pub lookups: LookupQuota,
+    pub gate_objects: GateObjectQuota,
 }
 
 impl Rules {
@@ -787,6 +894,7 @@ impl Rules {
             client,
             quotas: quotas.rules,
             lookup_quota: quotas.lookups,
+            gate_object_quota: quotas.gate_objects,
             shared,
             readiness,
             served,
@@ -904,6 +1012,7 @@ impl Duty for Rules {
         let mut table = RuleTable {
             quotas: self.quotas,
             lookup_quota: self.lookup_quota,
+            gate_object_quota: self.gate_object_quota,
             ..RuleTable::default()
         };
         // initium's own CRDs, by name: their generation, to tell when their schema changed.
@@ -1149,6 +1258,68 @@ mod tests {
             })
             .collect();
         rule
+    }
+
+    fn waiting_on(id: RuleId, created: i64, objects: &[(&str, &str)]) -> Observed {
+        let mut rule = observed(id, &["Pod"]);
+        rule.created = Some(Timestamp::from_second(created).unwrap());
+        let wait_for: Vec<_> = objects
+            .iter()
+            .map(|(name, path)| {
+                serde_json::json!({"object": {"apiVersion": "v1", "kind": "ConfigMap",
+                    "name": name, "conditions": [{"path": path, "exists": true}]}})
+            })
+            .collect();
+        rule.spec.gate =
+            Some(serde_json::from_value(serde_json::json!({"waitFor": wait_for})).unwrap());
+        rule
+    }
+
+    #[test]
+    fn a_namespace_beyond_its_gate_object_quota_keeps_its_older_rules_ready() {
+        let mut table = RuleTable {
+            gate_object_quota: GateObjectQuota(3),
+            ..RuleTable::default()
+        };
+        let team = |name: &str| RuleId::namespaced("team", name);
+        // a: 2 objects; z: the same ConfigMap `one` read elsewhere counts again (another
+        // watch), 3 in all; b: one more, over; c: only what is waited on already.
+        table.upsert(waiting_on(
+            team("a"),
+            10,
+            &[("one", "$.data.x"), ("two", "$.data.x")],
+        ));
+        table.upsert(waiting_on(team("z"), 20, &[("one", "$.data.y")]));
+        table.upsert(waiting_on(team("b"), 30, &[("three", "$.data.x")]));
+        table.upsert(waiting_on(team("c"), 40, &[("two", "$.data.x")]));
+        table.upsert(waiting_on(
+            RuleId::cluster("platform"),
+            50,
+            &[("p1", "$.a"), ("p2", "$.a"), ("p3", "$.a"), ("p4", "$.a")],
+        ));
+        let verdicts = published(&mut table);
+        assert_eq!(
+            ready_ids(&verdicts),
+            ["platform", "team/a", "team/c", "team/z"]
+        );
+        assert_eq!(
+            verdicts["team/b"],
+            Verdict::GateObjectQuota(
+                "spec.gate.waitFor: the MutationRules of namespace team may wait on at most 3 \
+                 distinct objects together (the gate object quota, initium serve \
+                 --max-gate-objects-per-namespace=3; the same object counts again when its \
+                 conditions read other fields); its other Ready rules wait on 3, and this rule \
+                 would add 1 more (ConfigMap three): wait on objects those rules wait on \
+                 already, or delete rules that no longer need theirs, and the rule becomes \
+                 Ready by itself; or ask a cluster administrator to raise \
+                 --max-gate-objects-per-namespace"
+                    .into()
+            )
+        );
+        // Room again (z now reads what a reads already): the rule becomes Ready by itself.
+        table.upsert(waiting_on(team("z"), 20, &[("one", "$.data.x")]));
+        let verdicts = published(&mut table);
+        assert!(verdicts["team/b"].is_ready(), "{:?}", verdicts["team/b"]);
     }
 
     /// Publishes `table` and returns the verdict of each rule, by id.

@@ -8,6 +8,7 @@
 //! | False | `KindNotAllowed` | a pattern matches only kinds initium never intercepts, or a MutationRule's gate waits on a cluster-scoped object |
 //! | False | `QuotaExceeded` | a MutationRule would take its namespace past `--max-rules-per-namespace` or `--max-rule-bytes-per-namespace` (Ready once the namespace has room) |
 //! | False | `LookupQuotaExceeded` | a MutationRule's lookups would take its namespace over `--max-lookups-per-namespace` distinct ConfigMaps |
+//! | False | `GateObjectQuotaExceeded` | a MutationRule's gate would take its namespace over `--max-gate-objects-per-namespace` distinct objects waited on |
 //!
 //! A rule that cannot become Ready until its spec changes (`InvalidRule`, `KindNotAllowed`)
 //! also gets `Stalled=True` with the same reason and message: kstatus (Flux's health checks,
@@ -64,6 +65,7 @@ fn ready_condition(verdict: &Verdict, generation: Option<i64>, now: &Time) -> Co
         Verdict::KindNotAllowed(m) => ("False", "KindNotAllowed", m.as_str()),
         Verdict::QuotaExceeded(m) => ("False", "QuotaExceeded", m.as_str()),
         Verdict::LookupQuota(m) => ("False", "LookupQuotaExceeded", m.as_str()),
+        Verdict::GateObjectQuota(m) => ("False", "GateObjectQuotaExceeded", m.as_str()),
     };
     Condition {
         type_: READY.into(),
@@ -88,7 +90,8 @@ fn stalled_condition(verdict: &Verdict, ready: &Condition) -> Option<Condition> 
         Verdict::Ready
         | Verdict::KindNotServed(_)
         | Verdict::QuotaExceeded(_)
-        | Verdict::LookupQuota(_) => None,
+        | Verdict::LookupQuota(_)
+        | Verdict::GateObjectQuota(_) => None,
     }
 }
 

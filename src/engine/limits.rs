@@ -689,14 +689,19 @@ pub enum RegexError {
     },
 }
 
-/// `1 MiB`, `512 KiB`, `100 bytes`.
+/// `1 MiB`, `512 KiB`, `1.5 MiB`, `100 bytes`: exact for a limit, one decimal otherwise.
 pub fn human_bytes(n: usize) -> String {
-    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
-        format!("{} MiB", n >> 20)
-    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
-        format!("{} KiB", n >> 10)
+    let (unit, name) = if n >= 1 << 20 {
+        (1usize << 20, "MiB")
+    } else if n >= 1 << 10 {
+        (1 << 10, "KiB")
     } else {
-        format!("{n} bytes")
+        return format!("{n} bytes");
+    };
+    if n.is_multiple_of(unit) {
+        format!("{} {name}", n / unit)
+    } else {
+        format!("{:.1} {name}", n as f64 / unit as f64)
     }
 }
 

@@ -107,6 +107,11 @@ pub struct ServeArgs {
     /// longer than the budget gets 503 and the API server applies the webhook's failure policy.
     #[arg(long, default_value_t = 2)]
     pub max_blocking_reviews: usize,
+    /// Memory the reviews on the blocking pool may take together: each is charged 48 bytes per
+    /// byte of its AdmissionReview (at most all of it) before it is parsed, and waits for its
+    /// turn until that much is free. With the chart's 256Mi limit, keep it at half or less.
+    #[arg(long, default_value = "128Mi", value_parser = bytes)]
+    pub max_review_memory: usize,
     /// JSON values (elements, members) in an AdmissionReview above 64 KiB; more gets 413
     /// before it is parsed (parsing takes up to 16 times a body's bytes).
     #[arg(long, default_value_t = 1_000_000)]
@@ -137,6 +142,11 @@ pub struct ServeArgs {
     /// ClusterMutationRules are exempt.
     #[arg(long, default_value_t = crate::controller::DEFAULT_MAX_LOOKUPS_PER_NAMESPACE)]
     pub max_lookups_per_namespace: usize,
+    /// Distinct objects the gates of one namespace's MutationRules may wait on together
+    /// (`spec.gate.waitFor[].object`; each is a watch while Pods wait on it); a rule that would
+    /// go over it is not Ready (`GateObjectQuotaExceeded`). ClusterMutationRules are exempt.
+    #[arg(long, default_value_t = crate::controller::DEFAULT_MAX_GATE_OBJECTS_PER_NAMESPACE)]
+    pub max_gate_objects_per_namespace: usize,
 }
 
 impl ServeArgs {
@@ -161,6 +171,7 @@ impl ServeArgs {
             http2_max_concurrent_streams: self.http2_max_concurrent_streams,
             max_concurrent_validations: self.max_concurrent_validations,
             max_blocking_reviews: self.max_blocking_reviews,
+            max_review_memory: self.max_review_memory,
             max_json_values: self.max_json_values,
         }
     }
