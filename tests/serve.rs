@@ -136,6 +136,12 @@ impl Initium {
         initium
     }
 
+    /// Where `start` writes serve's log.
+    fn log_path(&self) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{}-{}.log", self.webhook_name, self.webhook_port))
+    }
+
     /// GET on the operations port: (status, body).
     fn ops(&self, path: &str) -> (u16, String) {
         http_get(self.ops_port, path)
@@ -1409,6 +1415,140 @@ fn audit_events_are_bounded_per_namespace_on_a_real_api_server() {
             && summary.contains("--max-audit-events-per-namespace"),
         "{summary}"
     );
+}
+
+/// Issue 30, findings 8 and 9, on a real API server: a tenant's text reaches people through
+/// initium's log, Audit Events and `kubectl describe` escaped and capped. Twenty rules call
+/// `image()` on a 60 KB annotation full of terminal escapes (before: 48 MB of log from five
+/// creates, Debug-escaped whole); a Pod named with an escape sequence and a bidirectional
+/// override is seen at mutating admission (the API server validates the name after it) by a
+/// platform Audit rule, whose Event and `describe` would otherwise carry it raw.
+#[test]
+fn a_tenants_text_reaches_logs_events_and_describe_escaped_and_capped() {
+    let _serial = serial_blocking();
+    install_crds();
+    clean_cluster();
+    let own = namespace("initium-own");
+    let initium = Initium::start(&unique("text"), &own, &["--audit-report-interval", "1s"]);
+    let shop = namespace("shop");
+    let watcher = unique("watch-shop");
+    let mut rules = String::new();
+    for i in 0..20 {
+        rules.push_str(&format!(
+            "apiVersion: initium.dev/v1alpha1\nkind: MutationRule\nmetadata: {{name: img-{i}, namespace: {shop}}}\nspec:\n  match: {{kinds: [Pod]}}\n  mutations:\n  - patch: [{{op: add, path: /metadata/labels/tag, value: '{{{{ image($.metadata.annotations.blob).tag }}}}'}}]\n---\n"
+        ));
+    }
+    rules.push_str(&format!(
+        "apiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {{name: {watcher}}}\nspec:\n  mode: Audit\n  match: {{kinds: [Pod], namespaces: [{shop}]}}\n  mutations:\n  - merge: {{metadata: {{labels: {{seen: 'yes'}}}}}}\n"
+    ));
+    apply(&rules);
+    eventually_blocking("the rules to be Ready", Duration::from_secs(30), || {
+        let mut not_ready: Vec<String> = (0..20)
+            .map(|i| format!("img-{i}"))
+            .filter(|r| ready_status("mr", Some(&shop), r).as_deref() != Some("True"))
+            .collect();
+        if ready_status("cmr", None, &watcher).as_deref() != Some("True") {
+            not_ready.push(watcher.clone());
+        }
+        if not_ready.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("not Ready: {not_ready:?}"))
+        }
+    });
+
+    // Five creates of a Pod whose 60 KB annotation image() cannot read.
+    let blob = format!("\u{1b}[31m\u{202e}{}", "A".repeat(60_000));
+    let log = initium.log_path();
+    let before = std::fs::metadata(&log).map_or(0, |m| m.len());
+    for n in 0..5 {
+        let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("blob-{n}"), "namespace": shop,
+                         "annotations": {"blob": blob}},
+            "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1"}]}});
+        ok(
+            kubectl_stdin(&["create", "-f", "-"], &pod.to_string()),
+            "create a Pod with a 60 KB annotation",
+        );
+    }
+    // A name no Pod may have, seen at mutating admission before the API server refuses it; in
+    // an audit interval of its own, so that the rule's Event names it first.
+    std::thread::sleep(Duration::from_secs(3));
+    let evil = "evil\u{1b}[2J\u{202e}x";
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": evil, "namespace": shop},
+        "spec": {"containers": [{"name": "app", "image": "registry.example.com/app:1"}]}});
+    let refused = kubectl_stdin(&["create", "-f", "-"], &pod.to_string());
+    assert!(
+        !refused.status.success(),
+        "the API server took the name {evil:?}"
+    );
+
+    // The Audit Event names the object, escaped.
+    let note = {
+        let mut found = String::new();
+        eventually_blocking(
+            "the Audit Event of the bad name",
+            Duration::from_secs(30),
+            || {
+                let events = json(ok(
+                    kubectl(&[
+                        "get",
+                        "events.events.k8s.io",
+                        "-A",
+                        "--field-selector",
+                        "reason=AuditWouldChange",
+                        "-o",
+                        "json",
+                    ]),
+                    "get events",
+                ));
+                let notes: Vec<String> = events["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e["regarding"]["name"] == watcher.as_str())
+                    .filter_map(|e| e["note"].as_str().map(String::from))
+                    .collect();
+                match notes.iter().find(|n| n.contains("evil")) {
+                    Some(n) => {
+                        found = n.clone();
+                        Ok(())
+                    }
+                    None => Err(format!("notes: {notes:?}")),
+                }
+            },
+        );
+        found
+    };
+    assert!(note.contains("evil\\u{1b}[2J\\u{202e}x"), "{note}");
+    let described = ok(kubectl(&["describe", "cmr", &watcher]), "describe cmr");
+    for (what, text) in [
+        ("the Event", note.as_str()),
+        ("kubectl describe", described.as_str()),
+    ] {
+        assert!(
+            !text.contains(['\u{1b}', '\u{202e}']),
+            "{what} carries the tenant's escapes raw: {text:?}"
+        );
+    }
+
+    let text = std::fs::read(&log).expect("serve's log");
+    let grown = text.len() as u64 - before;
+    eprintln!(
+        "serve: 20 image() rules x 5 creates of a 60 KB annotation, and one bad name: {grown} bytes of log; the Event: {note}"
+    );
+    assert!(
+        grown < 1 << 20,
+        "{grown} bytes of log from five creates (before: 48 MB)"
+    );
+    let raw = String::from_utf8_lossy(&text);
+    assert!(
+        !raw.contains(['\u{1b}', '\u{202e}']),
+        "serve's log carries a tenant's escapes raw"
+    );
+    let _ = kubectl(&["delete", "cmr", &watcher, "--wait=false"]);
+    let _ = kubectl(&["delete", "namespace", &shop, &own, "--wait=false"]);
 }
 
 #[test]

@@ -157,17 +157,19 @@ fn admit_within(
 }
 
 /// `Pod shop/web` (or `Pod shop/web-*` for a name the API server has yet to generate): the
-/// object an audit example names.
+/// object an audit example names. The name is escaped and capped (`untrusted::quote`): it is
+/// seen here before the API server validates it, and it goes into an Event on a rule that may
+/// be a platform team's.
 fn describe(request: &AdmissionRequest, object: &Value) -> String {
     let name = request
         .name()
         .filter(|n| !n.is_empty())
-        .map(str::to_string)
+        .map(|n| crate::untrusted::quote(n).into_owned())
         .or_else(|| {
             object
                 .pointer("/metadata/generateName")
                 .and_then(Value::as_str)
-                .map(|g| format!("{g}*"))
+                .map(|g| format!("{}*", crate::untrusted::quote(g)))
         })
         .unwrap_or_else(|| "(no name)".into());
     match request.namespace().filter(|n| !n.is_empty()) {

@@ -42,8 +42,9 @@ pub(super) fn request_span(request: &AdmissionRequest) -> Span {
     )
 }
 
-/// The request's name, or `generateName*` before the API server has picked one; written
-/// straight into the log, without a `String` of its own.
+/// The request's name, or `generateName*` before the API server has picked one, escaped and
+/// capped (`untrusted::quote`: the API server validates the name only after mutating
+/// admission, so it may hold terminal escapes or a bidirectional override).
 struct Name<'a>(&'a AdmissionRequest);
 
 impl Name<'_> {
@@ -55,8 +56,8 @@ impl Name<'_> {
 impl fmt::Display for Name<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.0.name(), self.0.generate_name()) {
-            (Some(name), _) => f.write_str(name),
-            (None, Some(prefix)) => write!(f, "{prefix}*"),
+            (Some(name), _) => f.write_str(&crate::untrusted::quote(name)),
+            (None, Some(prefix)) => write!(f, "{}*", crate::untrusted::quote(prefix)),
             (None, None) => Ok(()),
         }
     }
@@ -425,7 +426,7 @@ mod tests {
         let later = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
         let mut taken = Vec::new();
         for _ in 0..shared.config.limits.max_blocking_reviews {
-            taken.push(shared.blocking_reviews.turn("held", later).await);
+            taken.push(shared.blocking_reviews.turn("held", 0, later).await);
         }
         counted_once(&shared, post("/mutate", large(pod)), busy, unknown).await;
         drop(taken);

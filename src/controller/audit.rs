@@ -303,18 +303,35 @@ pub(crate) fn events(rule: &RuleId, tally: &Tally, interval: Duration) -> Vec<(E
     out
 }
 
+/// The Event's action, `Audit/<hash of the note>`. kube's `Recorder` counts an Event whose
+/// type, action, reason, reporter and object were published in the last 6 minutes as one
+/// more of that series, and keeps the series' first note: with one action for every
+/// interval, a rule reporting every minute showed its first interval's note ever after (seen
+/// on a real API server: five creates and a sixth in a later interval, one Event naming the
+/// first Pod). A note of its own is an Event of its own; the same note again is a series.
+fn action_for(note: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    note.hash(&mut hasher);
+    format!("Audit/{:016x}", hasher.finish())
+}
+
 async fn publish(
     recorder: &Recorder,
     rule: &RuleId,
     uid: Option<String>,
     mut event: Event,
-    mut note: String,
+    note: String,
     context: &Context,
 ) {
+    // What a note quotes of an object is escaped where it is taken; escaping the whole note
+    // here, before it is cut to what the API server takes, guarantees it for every Event.
+    let mut note = crate::untrusted::escape(&note).into_owned();
     if let Some((at, _)) = note.char_indices().nth(NOTE_MAX) {
         note.truncate(at);
         note.push('…');
     }
+    event.action = action_for(&note);
     event.note = Some(note);
     let reference = ObjectReference {
         api_version: Some(API_VERSION.into()),
@@ -463,5 +480,17 @@ mod tests {
                 ("shop/b".to_string(), "AuditWouldChange".to_string())
             ]
         );
+    }
+
+    #[test]
+    fn each_note_is_an_event_of_its_own_and_the_same_note_a_series() {
+        let a = action_for("would have changed 1 object(s). First: Pod shop/a");
+        let b = action_for("would have changed 1 object(s). First: Pod shop/b");
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            action_for("would have changed 1 object(s). First: Pod shop/a")
+        );
+        assert!(a.starts_with("Audit/") && a.len() <= 128, "{a}");
     }
 }
