@@ -29,7 +29,8 @@ pub use explain::{Step, StepResult};
 pub(crate) use gate::JUDGED;
 pub use gate::{
     CLUSTER_SCOPED_KINDS, CompiledGate, DEFAULT_GATE_TIMEOUT, DEPLOYMENT_PROGRESS_DEADLINE,
-    Dependency, Reads, Target, cluster_scoped_message, gate_name, is_cluster_scoped,
+    Dependency, OBJECT_JUDGE_BUDGET, Reads, Target, cluster_scoped_message, gate_name,
+    is_cluster_scoped,
 };
 pub use index::RuleIndex;
 pub use journal::PatchOp;

@@ -929,6 +929,29 @@ pub fn rule(rng: &mut Rng, index: usize) -> Value {
             spec.insert("mutations".into(), json!([]));
         }
     }
+    if rng.chance(8) {
+        // A well-formed gate on objects, its conditions often about what the subjects hold:
+        // the gate controller keeps of an object only what these read, and must judge the
+        // same on that as on the whole (the `rules` target's oracle).
+        let wait_for: Vec<Value> = (0..rng.range(1, 2))
+            .map(|_| {
+                let conditions: Vec<Value> = (0..rng.range(0, 3))
+                    .map(|_| match rng.below(6) {
+                        0 => json!({"path": "$.metadata.name", "exists": true}),
+                        1 => json!({"path": "$.spec.containers[*].image", "matches": "."}),
+                        2 => json!({"path": "$.metadata.labels.*", "exists": true}),
+                        3 => {
+                            json!({"path": "$.spec.containers[?@.name].name", "in": "$.spec..name"})
+                        }
+                        _ => condition(rng),
+                    })
+                    .collect();
+                json!({"object": {"apiVersion": "v1", "kind": "Pod", "name": "x",
+                                  "conditions": conditions}})
+            })
+            .collect();
+        spec.insert("gate".into(), json!({"waitFor": wait_for}));
+    }
     if rng.chance(3) {
         spec.insert("bogusField".into(), json!(1));
     }

@@ -220,6 +220,41 @@ fn budget_ran_out(result: &Result<Outcome, Denial>) -> bool {
     }
 }
 
+/// A gate's `object` dependency holds on what the gate controller keeps of an object (only
+/// what its conditions read) exactly when it holds on the whole object. A judgement that ran
+/// into its own time budget says nothing and is not compared.
+fn gate_objects_judged_the_same_kept(
+    gates: &[std::sync::Arc<initium::engine::CompiledGate>],
+    object: &Value,
+    what: &str,
+) -> Result<(), String> {
+    use initium::engine::Dependency;
+    let judge = |dependency: &Dependency, object: &Value| {
+        let started = Instant::now();
+        let holds = dependency.object_holds(object);
+        (
+            holds,
+            started.elapsed() < initium::engine::OBJECT_JUDGE_BUDGET,
+        )
+    };
+    for dependency in gates.iter().flat_map(|g| g.wait_for.iter()) {
+        let Dependency::Object { reads, .. } = dependency else {
+            continue;
+        };
+        let mut kept = object.clone();
+        reads.keep(&mut kept);
+        let (whole, whole_in_time) = judge(dependency, object);
+        let (trimmed, trimmed_in_time) = judge(dependency, &kept);
+        if whole_in_time && trimmed_in_time && whole != trimmed {
+            return Err(format!(
+                "{what}: a gate's object dependency holds {whole} on the whole object but {trimmed} on what is kept of it ({reads:?}): {}",
+                cut(&kept.to_string())
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn run_rules(case: &Value) -> Result<(), String> {
     let input = case.to_string();
     let mut compiled = Vec::new();
@@ -233,6 +268,7 @@ fn run_rules(case: &Value) -> Result<(), String> {
             )?,
         }
     }
+    let gates: Vec<_> = compiled.iter().filter_map(|r| r.gate().cloned()).collect();
     let index = RuleIndex::new(compiled);
     let idempotent = case.get("idempotent") == Some(&json!(true));
     for (i, s) in strings(case, "subjects").iter().enumerate() {
@@ -258,6 +294,7 @@ fn run_rules(case: &Value) -> Result<(), String> {
             lookups: None,
         };
         let object = s.get("object").cloned().unwrap_or(Value::Null);
+        gate_objects_judged_the_same_kept(&gates, &object, &format!("subjects[{i}]"))?;
         let evaluate =
             |object: Value| index.evaluate(&subject, object, Instant::now().checked_add(BUDGET));
         let first = evaluate(object.clone());
