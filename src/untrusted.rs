@@ -8,12 +8,19 @@
 //! - [`quote`]: [`escape`], and text longer than [`MAX_QUOTED_BYTES`] cut to its start with the
 //!   length it had, so that a rule cannot make one message (and every log line, warning and
 //!   Event that carries it) as large as itself.
+//! - [`capped`]: the same with a cap of one's own, for errors a log line carries whole (an API
+//!   server's refusal of what tenants' rules made, [`MAX_ERROR_BYTES`]).
 
 use std::borrow::Cow;
 use std::fmt;
 
 /// The most bytes of one quoted piece of untrusted text in a message.
 pub const MAX_QUOTED_BYTES: usize = 200;
+
+/// The most bytes of an error a log line carries whole: an API server's refusal lists every
+/// problem of what it refused (a webhook configuration built from thousands of rules made
+/// 115 KB, logged at every retry).
+pub const MAX_ERROR_BYTES: usize = 4096;
 
 fn unsafe_char(c: char) -> bool {
     c.is_control()
@@ -39,18 +46,24 @@ pub fn escape(text: &str) -> Cow<'_, str> {
 /// `text` as [`escape`] writes it, cut after [`MAX_QUOTED_BYTES`] bytes (at a character
 /// boundary) with `… (N bytes)` saying how long it was.
 pub fn quote(text: &str) -> Cow<'_, str> {
-    match cut(text) {
+    capped(text, MAX_QUOTED_BYTES)
+}
+
+/// `text` as [`escape`] writes it, cut after `max` bytes (at a character boundary) with
+/// `… (N bytes)` saying how long it was.
+pub fn capped(text: &str, max: usize) -> Cow<'_, str> {
+    match cut(text, max) {
         (_, None) => escape(text),
         (start, Some(len)) => Cow::Owned(format!("{}… ({len} bytes)", escape(start))),
     }
 }
 
-/// The start of `text` that fits [`MAX_QUOTED_BYTES`], and its whole length when it was cut.
-fn cut(text: &str) -> (&str, Option<usize>) {
-    if text.len() <= MAX_QUOTED_BYTES {
+/// The start of `text` that fits `max` bytes, and its whole length when it was cut.
+fn cut(text: &str, max: usize) -> (&str, Option<usize>) {
+    if text.len() <= max {
         return (text, None);
     }
-    let mut end = MAX_QUOTED_BYTES;
+    let mut end = max;
     while !text.is_char_boundary(end) {
         end -= 1;
     }
@@ -72,7 +85,7 @@ pub struct InQuotes<'a>(pub &'a str);
 
 impl fmt::Display for InQuotes<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (start, len) = cut(self.0);
+        let (start, len) = cut(self.0, MAX_QUOTED_BYTES);
         f.write_str(&escape(&format!("{start:?}")))?;
         match len {
             Some(len) => write!(f, "… ({len} bytes)"),
@@ -115,5 +128,21 @@ mod tests {
         assert_eq!(InQuotes("a\"b\\w").to_string(), "\"a\\\"b\\\\w\"");
         assert_eq!(InQuotes("x\u{202e}").to_string(), "\"x\\u{202e}\"");
         assert_eq!(Quoted("a\nb").to_string(), "a\\nb");
+    }
+
+    #[test]
+    fn an_error_is_logged_whole_up_to_its_cap_and_escaped() {
+        let refusal = format!(
+            "line one\n{}",
+            "webhooks[0].rules: Invalid value ".repeat(4000)
+        );
+        let logged = capped(&refusal, MAX_ERROR_BYTES);
+        assert!(logged.len() < MAX_ERROR_BYTES + 32, "{}", logged.len());
+        assert!(logged.starts_with("line one\\n"), "{logged}");
+        assert!(
+            logged.ends_with(&format!("… ({} bytes)", refusal.len())),
+            "{logged}"
+        );
+        assert_eq!(capped("short", MAX_ERROR_BYTES), "short");
     }
 }

@@ -64,6 +64,8 @@ impl Context {
     /// Logs and counts a failure that something else retries (a watch's own backoff).
     pub(crate) fn failed(&self, what: &str, error: &dyn std::fmt::Display) {
         self.failures.count();
+        let error = error.to_string();
+        let error = crate::untrusted::capped(&error, crate::untrusted::MAX_ERROR_BYTES);
         tracing::warn!(duty = self.failures.duty, error = %error, "{what}");
     }
 
@@ -115,6 +117,8 @@ impl Backoff {
         self.consecutive = self.consecutive.saturating_add(1);
         let wait = self.delay();
         self.failures.count();
+        let error = error.to_string();
+        let error = crate::untrusted::capped(&error, crate::untrusted::MAX_ERROR_BYTES);
         tracing::warn!(
             duty = self.failures.duty,
             error = %error,
