@@ -681,12 +681,23 @@ impl Query {
 
     /// Refuses a query with descendant segments on an object so large that it would visit more
     /// than [`QUERY_WORK_LIMIT`] nodes (estimated before it runs: the library that evaluates such
-    /// queries cannot be interrupted).
+    /// queries cannot be interrupted). Only the nodes under the names the query takes from the
+    /// root count ([`Query::reads_under`]): `$.spec.containers[?match(@.image, 'x')]` visits
+    /// the containers, whatever else the object holds. So the estimate, and the verdict, are
+    /// the same on an object and on what the gate controller keeps of it.
     fn check_work(&self, doc: &Value) -> Result<(), QueryError> {
         if self.descendants == 0 && self.regex_functions == 0 {
             return Ok(());
         }
-        let nodes = count_nodes(doc, QUERY_WORK_LIMIT);
+        let scope = match &self.reads {
+            Some(names) => names.iter().try_fold(doc, |value, name| value.get(name)),
+            None => Some(doc),
+        };
+        // Nothing under those names: the query selects nothing, at no cost.
+        let Some(scope) = scope else {
+            return Ok(());
+        };
+        let nodes = count_nodes(scope, QUERY_WORK_LIMIT);
         let mut per_node = if self.descendants > 1 {
             nodes.min(MAX_DEPTH)
         } else {
@@ -1806,5 +1817,30 @@ mod tests {
         let p = normalized_to_pointer("$['a\\'b']['c\\\\d'][3]['\\u000b']").unwrap();
         let tokens: Vec<String> = p.tokens().map(|(t, _)| t.into_owned()).collect();
         assert_eq!(tokens, ["a'b", "c\\d", "3", "\u{000b}"]);
+    }
+
+    #[test]
+    fn a_querys_work_is_estimated_under_the_names_it_takes_from_the_root() {
+        // Found by the fuzzer: the estimate counted the whole object, so a gate's condition
+        // was refused on a Pod with a large field it never reads and held on what the gate
+        // controller keeps of that Pod.
+        let query = Query::parse("$.spec.containers[?match(@.image, 'nginx.*')]").unwrap();
+        let wide: Vec<Value> = (0..20_000).map(|i| serde_json::json!({"a": [i]})).collect();
+        let containers = serde_json::json!([{"name": "c", "image": "nginx:1"}]);
+        let object = serde_json::json!({"spec": {"wide": wide, "containers": containers}});
+        assert_eq!(query.select(&object).unwrap().len(), 1);
+        // The same many nodes where it does read them: refused.
+        let object = serde_json::json!({"spec": {"containers": wide}});
+        assert!(matches!(
+            query.select(&object),
+            Err(QueryError::TooMuchWork { .. })
+        ));
+        // Nothing under its names: nothing selected, nothing refused.
+        assert!(
+            query
+                .select(&serde_json::json!({"spec": []}))
+                .unwrap()
+                .is_empty()
+        );
     }
 }
