@@ -1301,37 +1301,11 @@ async fn a_tenants_slow_regexes_leave_other_namespaces_served_and_readyz_answeri
         .collect();
     let slow = json!({"match": {"kinds": ["Pod"]}, "conditions": conditions,
         "mutations": [{"merge": {"metadata": {"labels": {"slow": "done"}}}}]});
-    let names: Vec<String> = (0..8).map(|i| format!("slow-{i}")).collect();
-    for rule in &names {
-        apply_rule(&client, &tenant, rule, &slow)
-            .await
-            .unwrap_or_else(|e| panic!("{rule}: {e}"));
-    }
-    apply_rule(&client, &other, "served", &label_rule("served", "yes"))
-        .await
-        .expect("the other namespace's rule");
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    wait_statuses(&client, &tenant, &refs, Duration::from_secs(60)).await;
-    wait_statuses(&client, &other, &["served"], Duration::from_secs(60)).await;
-    wait_admission_label(&client, &other, "served", "yes").await;
+    tenant_rules_beside_a_served_namespace(&client, &tenant, &other, "slow", 8, &slow).await;
 
     // 6 KB of a/b with a `c` every 97 bytes (a candidate the search must try) and the one
     // match at the end.
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    let mut blob: String = (0..6_000)
-        .map(|i| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            if i % 97 == 96 {
-                'c'
-            } else if seed.is_multiple_of(2) {
-                'a'
-            } else {
-                'b'
-            }
-        })
-        .collect();
+    let mut blob = support::fixtures::thrashing_text(6_000, 0x2545_f491_4f6c_dd1d);
     blob.push('a');
     blob.push_str(&"b".repeat(100));
     blob.push('c');
@@ -1373,6 +1347,31 @@ async fn a_tenants_slow_regexes_leave_other_namespaces_served_and_readyz_answeri
         initium.log.display()
     );
     within_memory_limit(&initium, "slow regexes");
+}
+
+/// `count` MutationRules `<prefix>-<i>` of `spec` in `tenant`, and in `other` the rule `served`
+/// (label `served=yes`), all Ready and the latter seen at admission.
+async fn tenant_rules_beside_a_served_namespace(
+    client: &kube::Client,
+    tenant: &str,
+    other: &str,
+    prefix: &str,
+    count: usize,
+    spec: &Value,
+) {
+    let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+    for rule in &names {
+        apply_rule(client, tenant, rule, spec)
+            .await
+            .unwrap_or_else(|e| panic!("{rule}: {e}"));
+    }
+    apply_rule(client, other, "served", &label_rule("served", "yes"))
+        .await
+        .expect("the other namespace's rule");
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_statuses(client, tenant, &refs, Duration::from_secs(60)).await;
+    wait_statuses(client, other, &["served"], Duration::from_secs(60)).await;
+    wait_admission_label(client, other, "served", "yes").await;
 }
 
 /// A tenant's flood of creates, `workers` × `each` built by `tenant_pod`, beside a steady stream
@@ -1469,19 +1468,7 @@ async fn a_tenants_in_flood_over_large_pods_leaves_others_served_within_the_memo
     let every = json!({"match": {"kinds": ["Pod"]},
         "conditions": [{"path": "$..name", "in": "$..*"}],
         "mutations": [{"merge": {"metadata": {"labels": {"in": "done"}}}}]});
-    let names: Vec<String> = (0..4).map(|i| format!("in-{i}")).collect();
-    for rule in &names {
-        apply_rule(&client, &tenant, rule, &every)
-            .await
-            .unwrap_or_else(|e| panic!("{rule}: {e}"));
-    }
-    apply_rule(&client, &other, "served", &label_rule("served", "yes"))
-        .await
-        .expect("the other namespace's rule");
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    wait_statuses(&client, &tenant, &refs, Duration::from_secs(60)).await;
-    wait_statuses(&client, &other, &["served"], Duration::from_secs(60)).await;
-    wait_admission_label(&client, &other, "served", "yes").await;
+    tenant_rules_beside_a_served_namespace(&client, &tenant, &other, "in", 4, &every).await;
 
     let env: Vec<Value> = (0..40_000)
         .map(|i| json!({"name": format!("VARIABLE_{i:05}"), "value": "v"}))

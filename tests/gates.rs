@@ -1081,22 +1081,10 @@ async fn a_tenants_slow_gate_conditions_over_many_pods_do_not_delay_other_namesp
     // every byte: each search is just within what one search may cost (about 14 ms in a
     // release build), and 16 of them on one object take far longer than the judgement's own
     // budget.
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut texts = 0x2545_f491_4f6c_dd1d_u64;
     let mut blob = || -> String {
-        (0..24_000)
-            .map(|i| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                if i % 97 == 96 {
-                    'c'
-                } else if seed.is_multiple_of(2) {
-                    'a'
-                } else {
-                    'b'
-                }
-            })
-            .collect()
+        texts += 1;
+        support::fixtures::thrashing_text(24_000, texts)
     };
     let conditions = (0..16)
         .map(|_| "{path: '$.data.blob', matches: 'a[ab]{100}c'}")

@@ -402,14 +402,6 @@ type Targets<'r> = &'r dyn Fn(&CompiledRule) -> Vec<(String, String)>;
 /// rules hold, what this one would add).
 type Refuse<'r> = &'r dyn Fn(&str, usize, usize, &[&str]) -> Verdict;
 
-/// What the MutationRules of one namespace may make initium keep per distinct thing they name:
-/// the ConfigMaps they look up, the objects their gates wait on.
-struct DistinctQuota<'r> {
-    max: usize,
-    targets: Targets<'r>,
-    refuse: Refuse<'r>,
-}
-
 /// Applies a per-namespace quota of distinct targets to the MutationRules that would otherwise
 /// be Ready (`verdicts`, one per entry, in the table's order): per namespace, rules are
 /// admitted in order (those holding a place first, then the oldest, then by name) while the
@@ -420,7 +412,9 @@ struct DistinctQuota<'r> {
 fn apply_distinct_quota(
     entries: &BTreeMap<RuleId, Entry>,
     verdicts: &mut [Verdict],
-    quota: &DistinctQuota<'_>,
+    max: usize,
+    targets: Targets<'_>,
+    refuse: Refuse<'_>,
 ) {
     let mut by_namespace: BTreeMap<&str, Vec<InLine<'_>>> = BTreeMap::new();
     let mut named: HashMap<usize, Vec<(String, String)>> = HashMap::new();
@@ -430,11 +424,11 @@ fn apply_distinct_quota(
         else {
             continue;
         };
-        let targets = (quota.targets)(rule);
-        if targets.is_empty() {
+        let named_here = targets(rule);
+        if named_here.is_empty() {
             continue;
         }
-        named.insert(i, targets);
+        named.insert(i, named_here);
         by_namespace.entry(namespace).or_default().push((
             !holds_quota(entry),
             entry.created.is_none(),
@@ -456,7 +450,7 @@ fn apply_distinct_quota(
                 .map(|(key, _)| key.as_str())
                 .filter(|key| !admitted.contains(key))
                 .collect();
-            if admitted.len() + new.len() <= quota.max {
+            if admitted.len() + new.len() <= max {
                 admitted.extend(new);
             } else {
                 refused.push((i, targets));
@@ -474,7 +468,7 @@ fn apply_distinct_quota(
             let Some(verdict) = verdicts.get_mut(i) else {
                 continue;
             };
-            *verdict = (quota.refuse)(namespace, quota.max, admitted.len(), &new);
+            *verdict = refuse(namespace, max, admitted.len(), &new);
         }
     }
 }
@@ -502,15 +496,7 @@ fn apply_lookup_quota(
             names = new.join(", "),
         ))
     };
-    apply_distinct_quota(
-        entries,
-        verdicts,
-        &DistinctQuota {
-            max: quota.0,
-            targets: &targets,
-            refuse: &refuse,
-        },
-    );
+    apply_distinct_quota(entries, verdicts, quota.0, &targets, &refuse);
 }
 
 /// Distinct objects the gates of one namespace's MutationRules may wait on together
@@ -562,15 +548,7 @@ fn apply_gate_object_quota(
             names = new.join(", "),
         ))
     };
-    apply_distinct_quota(
-        entries,
-        verdicts,
-        &DistinctQuota {
-            max: quota.0,
-            targets: &targets,
-            refuse: &refuse,
-        },
-    );
+    apply_distinct_quota(entries, verdicts, quota.0, &targets, &refuse);
 }
 
 /// The shared copy of `status`: an equal one already in `statuses`, or this one, added.

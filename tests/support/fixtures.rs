@@ -225,3 +225,24 @@ pub fn same_bucket_rules(total: usize) -> Vec<Value> {
     }
     rules
 }
+
+/// `len` bytes of aperiodic `a`/`b` text (xorshift from `seed`, which must not be 0) with a
+/// `c` every 97 bytes: on it `a[ab]{K}c` makes the regex engine's lazy DFA build a new state at
+/// almost every byte (a periodic text would let it reuse its states), so a search costs what
+/// its charge says it may. The hostile-tenant tests search it with such patterns.
+pub fn thrashing_text(len: usize, mut seed: u64) -> String {
+    (0..len)
+        .map(|i| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            if i % 97 == 96 {
+                'c'
+            } else if seed.is_multiple_of(2) {
+                'a'
+            } else {
+                'b'
+            }
+        })
+        .collect()
+}

@@ -951,16 +951,7 @@ fn an_object_is_judged_once_for_all_the_pods_that_wait_on_it_until_what_it_reads
     let before = judged();
     assert_eq!(releases(&world), 0);
     assert_eq!(judged() - before, 1, "200 Pods, one judgement");
-    let mut value = json!({"status": {"phase": "Ready"}});
-    foo.reads.keep(&mut value);
-    world.apply(
-        &kind,
-        Update::Apply(Fact::Object {
-            namespace: Some(NS.into()),
-            name: "f".into(),
-            value: Arc::new(value),
-        }),
-    );
+    reduced(&mut world, "Ready", "b");
     assert_eq!(releases(&world), 200);
     assert_eq!(judged() - before, 2, "judged again once, after the change");
 }
