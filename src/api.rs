@@ -87,9 +87,10 @@ pub struct RuleSpec {
     #[schemars(length(max = 32))]
     pub conditions: Vec<Condition>,
 
-    /// The mutations, applied in order; each sees the result of the previous one. A rule is
-    /// atomic: if one mutation fails, none of the rule's changes are kept. May be empty only
-    /// when the rule has a `gate`.
+    /// The mutations, applied in order; each sees the result of the previous one. Each sets
+    /// one kind: `merge`, `patch`, `upsert`, `rewrite`, `defaults`, `remove`, or `forEach`
+    /// (with `mutations`). A rule is atomic: if one mutation fails, none of the rule's changes
+    /// are kept. May be empty only when the rule has a `gate`.
     #[serde(default)]
     #[schemars(length(max = 64))]
     pub mutations: Vec<Mutation>,
@@ -245,194 +246,161 @@ pub struct Condition {
     pub less_than: Option<Value>,
 }
 
-/// One mutation. Set exactly one of `merge`, `patch`, `upsert`, `forEach` (with `mutations`),
-/// `rewrite`. String values may contain `{{ <JSONPath> }}` templates: `$` is the object, `@`
-/// the current `forEach` element; a template that is the whole string keeps the JSON type of
-/// the selected value.
-#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-#[x_kube(
-    validation = exactly_one_of(&MUTATION_KINDS),
-    validation = kube::core::Rule::new("has(self.forEach) == has(self.mutations)").message("forEach and mutations go together")
-)]
-pub struct Mutation {
-    /// RFC 7396 JSON merge patch applied to the object (or the `forEach` element). `null`
-    /// removes a field. Its strings and keys may hold templates, such as
-    /// `{{ $.metadata.name }}` or `{{ lower(@.name) }}`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_json_object")]
-    pub merge: Option<Value>,
+/// Defines the kinds of mutation once: each entry gives a field of [`Mutation`] and of
+/// [`ElementMutation`] (with the doc `kubectl explain` prints), its name as a rule writes it,
+/// and its [`MutationKind`] variant. From the one list come both structs, [`MUTATION_KINDS`],
+/// [`MutationKind`] and its `name`, both `kinds()`, and the struct docs that list the kinds.
+/// `forEach` (with its `mutations`) is the one kind an element cannot take, written below.
+macro_rules! mutation_kinds {
+    ($(
+        $(#[doc = $doc:literal])*
+        #[kind($name:literal, $variant:ident(&$borrowed:ty), $borrow:ident)]
+        $(#[schemars($($schema:tt)*)])?
+        $field:ident: $ty:ty,
+    )*) => {
+        #[doc = concat!(
+            "One mutation. Set exactly one of ",
+            $("`", $name, "`, ",)*
+            "or `forEach` (with `mutations`). String values may contain `{{ <JSONPath> }}` ",
+            "templates: `$` is the object, `@` the current `forEach` element; a template that is ",
+            "the whole string keeps the JSON type of the selected value."
+        )]
+        #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+        #[serde(rename_all = "camelCase")]
+        #[x_kube(
+            validation = exactly_one_of(&MUTATION_KINDS),
+            validation = kube::core::Rule::new("has(self.forEach) == has(self.mutations)").message("forEach and mutations go together")
+        )]
+        pub struct Mutation {
+            $(
+                $(#[doc = $doc])*
+                #[serde(default, skip_serializing_if = "Option::is_none")]
+                $(#[schemars($($schema)*)])?
+                pub $field: Option<$ty>,
+            )*
+            /// JSONPath selecting elements (e.g. `$.spec.containers[*]`); `mutations` are
+            /// applied to each, with paths relative to the element.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schemars(length(max = 1024))]
+            pub for_each: Option<String>,
 
-    /// RFC 6902 JSON patch operations. `add`, `copy` and `move` create missing parent objects.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+            /// The mutations applied to each `forEach` element (`forEach` cannot nest).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schemars(length(min = 1, max = 32))]
+            pub mutations: Option<Vec<ElementMutation>>,
+        }
+
+        #[doc = concat!(
+            "A mutation applied to each element selected by `forEach`; paths are relative to the ",
+            "element. Set exactly one of ",
+            $("`", $name, "`, ",)*
+            "(`forEach` cannot nest)."
+        )]
+        #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+        #[serde(rename_all = "camelCase")]
+        #[x_kube(validation = exactly_one_of(&ELEMENT_MUTATION_KINDS))]
+        pub struct ElementMutation {
+            $(
+                $(#[doc = $doc])*
+                #[serde(default, skip_serializing_if = "Option::is_none")]
+                $(#[schemars($($schema)*)])?
+                pub $field: Option<$ty>,
+            )*
+        }
+
+        /// The kinds of mutation a `forEach` element can take: all but `forEach`, in the order
+        /// the CRD's CEL rule and `initium check` list them.
+        pub const ELEMENT_MUTATION_KINDS: &[&str] = &[$($name),*];
+
+        /// The kinds of mutation, named as a rule writes them, in the order the CRD's CEL rule
+        /// and `initium check` list them. A [`Mutation`] sets exactly one; an
+        /// [`ElementMutation`] one of [`ELEMENT_MUTATION_KINDS`].
+        pub const MUTATION_KINDS: &[&str] = &[$($name,)* "forEach"];
+
+        /// One kind of mutation as a rule writes it, borrowed from a [`Mutation`] or an
+        /// [`ElementMutation`]: what the engine compiles.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub enum MutationKind<'a> {
+            $($variant(&'a $borrowed),)*
+            /// The JSONPath, and the mutations for each element (`None` when they are missing).
+            ForEach {
+                query: &'a str,
+                mutations: Option<&'a [ElementMutation]>,
+            },
+        }
+
+        impl MutationKind<'_> {
+            /// The field a rule sets for this kind, as listed in [`MUTATION_KINDS`].
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(MutationKind::$variant(_) => $name,)*
+                    MutationKind::ForEach { .. } => "forEach",
+                }
+            }
+        }
+
+        impl Mutation {
+            /// The kinds this mutation sets, in [`MUTATION_KINDS`] order; a valid one sets
+            /// exactly one.
+            pub fn kinds(&self) -> impl Iterator<Item = MutationKind<'_>> {
+                [
+                    $(self.$field.$borrow().map(MutationKind::$variant),)*
+                    self.for_each.as_deref().map(|query| MutationKind::ForEach {
+                        query,
+                        mutations: self.mutations.as_deref(),
+                    }),
+                ]
+                .into_iter()
+                .flatten()
+            }
+        }
+
+        impl ElementMutation {
+            /// The kinds this element mutation sets, in [`ELEMENT_MUTATION_KINDS`] order; a
+            /// valid one sets exactly one.
+            pub fn kinds(&self) -> impl Iterator<Item = MutationKind<'_>> {
+                [$(self.$field.$borrow().map(MutationKind::$variant),)*]
+                    .into_iter()
+                    .flatten()
+            }
+        }
+    };
+}
+
+mutation_kinds! {
+    /// RFC 7396 JSON merge patch applied to the object (in a `forEach`, to the element).
+    /// `null` removes a field. Its strings and keys may hold templates, such as
+    /// `{{ $.metadata.name }}` or `{{ lower(@.name) }}`.
+    #[kind("merge", Merge(&Value), as_ref)]
+    #[schemars(schema_with = "any_json_object")]
+    merge: Value,
+
+    /// RFC 6902 JSON patch operations (in a `forEach`, with paths relative to the element).
+    /// `add`, `copy` and `move` create missing parent objects.
+    #[kind("patch", Patch(&[PatchOperation]), as_deref)]
     #[schemars(length(max = 64))]
-    pub patch: Option<Vec<PatchOperation>>,
+    patch: Vec<PatchOperation>,
 
     /// Insert or replace an element of a list of objects, identified by a key field.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upsert: Option<Upsert>,
-
-    /// JSONPath selecting elements (e.g. `$.spec.containers[*]`); `mutations` are applied to
-    /// each, with paths relative to the element.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 1024))]
-    pub for_each: Option<String>,
-
-    /// The mutations applied to each `forEach` element (`forEach` cannot nest).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 32))]
-    pub mutations: Option<Vec<ElementMutation>>,
+    #[kind("upsert", Upsert(&Upsert), as_ref)]
+    upsert: Upsert,
 
     /// Regular-expression rewrite of a string field.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rewrite: Option<Rewrite>,
+    #[kind("rewrite", Rewrite(&Rewrite), as_ref)]
+    rewrite: Rewrite,
 
-    /// Sets fields only where the object (or the `forEach` element) has none: an object
+    /// Sets fields only where the object (in a `forEach`, the element) has none: an object
     /// shaped like a merge patch, applied field by field, never overwriting a value that is
     /// there (Kyverno's `+(key)` anchors). Where both are objects it goes deeper; a list or
     /// scalar already there is left alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[kind("defaults", Defaults(&Value), as_ref)]
     #[schemars(schema_with = "any_json_object")]
-    pub defaults: Option<Value>,
+    defaults: Value,
 
     /// Removes the elements of a list that satisfy every `where` condition (e.g. every
     /// `hostPath` volume).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remove: Option<Remove>,
-}
-
-/// A mutation applied to each element selected by `forEach`; paths are relative to the
-/// element. Set exactly one of `merge`, `patch`, `upsert`, `rewrite`, `defaults`, `remove`.
-#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-#[x_kube(validation = exactly_one_of(&element_mutation_kinds()))]
-pub struct ElementMutation {
-    /// RFC 7396 JSON merge patch applied to the element.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_json_object")]
-    pub merge: Option<Value>,
-    /// RFC 6902 JSON patch operations with paths relative to the element.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub patch: Option<Vec<PatchOperation>>,
-    /// Insert or replace an element of a keyed list below the element.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upsert: Option<Upsert>,
-    /// Regular-expression rewrite of a string field below the element.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rewrite: Option<Rewrite>,
-    /// Sets fields of the element only where it has none, never overwriting.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_json_object")]
-    pub defaults: Option<Value>,
-    /// Removes the elements of a list below the element that satisfy every `where`
-    /// condition.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remove: Option<Remove>,
-}
-
-/// The kinds of mutation, named as a rule writes them, in the order the CRD's CEL rule and
-/// `initium check` list them. A [`Mutation`] sets exactly one; an [`ElementMutation`] sets one
-/// of them but `forEach`, which cannot nest (see [`element_mutation_kinds`]).
-pub const MUTATION_KINDS: [&str; 7] = [
-    "merge", "patch", "upsert", "forEach", "rewrite", "defaults", "remove",
-];
-
-/// The kinds of mutation a `forEach` element can take: all but `forEach`.
-pub fn element_mutation_kinds() -> Vec<&'static str> {
-    MUTATION_KINDS
-        .into_iter()
-        .filter(|kind| *kind != "forEach")
-        .collect()
-}
-
-/// One kind of mutation as a rule writes it, borrowed from a [`Mutation`] or an
-/// [`ElementMutation`]: what the engine compiles.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum MutationKind<'a> {
-    Merge(&'a Value),
-    Patch(&'a [PatchOperation]),
-    Upsert(&'a Upsert),
-    /// The JSONPath, and the mutations for each element (`None` when they are missing).
-    ForEach {
-        query: &'a str,
-        mutations: Option<&'a [ElementMutation]>,
-    },
-    Rewrite(&'a Rewrite),
-    Defaults(&'a Value),
-    Remove(&'a Remove),
-}
-
-impl MutationKind<'_> {
-    /// The field a rule sets for this kind, as listed in [`MUTATION_KINDS`].
-    pub fn name(&self) -> &'static str {
-        match self {
-            MutationKind::Merge(_) => "merge",
-            MutationKind::Patch(_) => "patch",
-            MutationKind::Upsert(_) => "upsert",
-            MutationKind::ForEach { .. } => "forEach",
-            MutationKind::Rewrite(_) => "rewrite",
-            MutationKind::Defaults(_) => "defaults",
-            MutationKind::Remove(_) => "remove",
-        }
-    }
-}
-
-impl Mutation {
-    /// The kinds this mutation sets, in [`MUTATION_KINDS`] order; a valid one sets exactly
-    /// one.
-    pub fn kinds(&self) -> impl Iterator<Item = MutationKind<'_>> {
-        // Destructured, so a field added to `Mutation` does not compile until it is listed.
-        let Mutation {
-            merge,
-            patch,
-            upsert,
-            for_each,
-            mutations,
-            rewrite,
-            defaults,
-            remove,
-        } = self;
-        [
-            merge.as_ref().map(MutationKind::Merge),
-            patch.as_deref().map(MutationKind::Patch),
-            upsert.as_ref().map(MutationKind::Upsert),
-            for_each.as_deref().map(|query| MutationKind::ForEach {
-                query,
-                mutations: mutations.as_deref(),
-            }),
-            rewrite.as_ref().map(MutationKind::Rewrite),
-            defaults.as_ref().map(MutationKind::Defaults),
-            remove.as_ref().map(MutationKind::Remove),
-        ]
-        .into_iter()
-        .flatten()
-    }
-}
-
-impl ElementMutation {
-    /// The kinds this element mutation sets, in [`MUTATION_KINDS`] order; a valid one sets
-    /// exactly one.
-    pub fn kinds(&self) -> impl Iterator<Item = MutationKind<'_>> {
-        let ElementMutation {
-            merge,
-            patch,
-            upsert,
-            rewrite,
-            defaults,
-            remove,
-        } = self;
-        [
-            merge.as_ref().map(MutationKind::Merge),
-            patch.as_deref().map(MutationKind::Patch),
-            upsert.as_ref().map(MutationKind::Upsert),
-            rewrite.as_ref().map(MutationKind::Rewrite),
-            defaults.as_ref().map(MutationKind::Defaults),
-            remove.as_ref().map(MutationKind::Remove),
-        ]
-        .into_iter()
-        .flatten()
-    }
+    #[kind("remove", Remove(&Remove), as_ref)]
+    remove: Remove,
 }
 
 /// The message for a value that sets none or several of `fields`, which are alternatives:
@@ -889,8 +857,46 @@ mod tests {
         }))
         .unwrap();
         let names: Vec<&str> = every.kinds().map(|k| k.name()).collect();
-        assert_eq!(names, element_mutation_kinds());
+        assert_eq!(names, ELEMENT_MUTATION_KINDS);
         assert_eq!(Mutation::default().kinds().count(), 0);
+    }
+
+    /// `kubectl explain mutationrule.spec.mutations` prints these descriptions: each lists
+    /// every kind a rule may set there.
+    #[test]
+    fn the_crd_describes_every_kind_of_mutation() {
+        for crd in crds() {
+            let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+            let mutations =
+                &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["mutations"];
+            let described = mutations["description"].as_str().unwrap();
+            for kind in MUTATION_KINDS {
+                assert!(
+                    described.contains(&format!("`{kind}`")),
+                    "{kind} missing from {described}"
+                );
+            }
+            let described = mutations["items"]["description"].as_str().unwrap();
+            for kind in MUTATION_KINDS {
+                assert!(
+                    described.contains(&format!("`{kind}`")),
+                    "{kind} missing from {described}"
+                );
+                assert!(
+                    mutations["items"]["properties"].get(kind).is_some(),
+                    "{kind}"
+                );
+            }
+            let element = &mutations["items"]["properties"]["mutations"]["items"];
+            let described = element["description"].as_str().unwrap();
+            for kind in ELEMENT_MUTATION_KINDS {
+                assert!(
+                    described.contains(&format!("`{kind}`")),
+                    "{kind} missing from {described}"
+                );
+                assert!(element["properties"].get(kind).is_some(), "{kind}");
+            }
+        }
     }
 
     #[test]

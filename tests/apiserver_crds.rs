@@ -517,7 +517,7 @@ spec:
       patch: [{op: remove, path: /metadata/labels/a}]",
         errors: &[
             "spec.mutations[1]",
-            "set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove",
+            "set exactly one of merge, patch, upsert, rewrite, defaults, remove, forEach",
         ],
     },
     Invalid {
@@ -530,7 +530,7 @@ spec:
   mutations: [{}]",
         errors: &[
             "spec.mutations[0]",
-            "set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove",
+            "set exactly one of merge, patch, upsert, rewrite, defaults, remove, forEach",
         ],
     },
     Invalid {

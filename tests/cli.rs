@@ -262,7 +262,7 @@ fn check_reports_every_invalid_rule_with_its_field_path() {
             "ClusterMutationRule wrong-type {f}#9): spec.priority: invalid type: string \"high\", expected i32"
         ),
         format!(
-            "ClusterMutationRule two-kinds-of-mutation {f}#10): spec.mutations[0]: set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove (found 2)"
+            "ClusterMutationRule two-kinds-of-mutation {f}#10): spec.mutations[0]: set exactly one of merge, patch, upsert, rewrite, defaults, remove, forEach (found 2)"
         ),
         format!(
             "MutationRule payments/ns-owner-overreach {f}#11): spec.match.namespaces: a MutationRule applies only to its own namespace; use a ClusterMutationRule"

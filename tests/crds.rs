@@ -73,7 +73,7 @@ fn crds_have_the_names_columns_and_validations_users_rely_on() {
     );
     assert!(
         text.contains(
-            "set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove"
+            "set exactly one of merge, patch, upsert, rewrite, defaults, remove, forEach"
         )
     );
 }

@@ -1,13 +1,6 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use super::limits::LimitError;
-use super::lookup::LookupError;
-use super::matching::MatchError;
-use super::mutation::MutationError;
-use super::path::{PointerError, QueryError};
-use super::template::TemplateError;
-
 /// Text that came from a rule or an object (names, values, patterns), made safe for a
 /// terminal and a log line: the one escaper, [`crate::untrusted::escape`].
 pub fn sanitize(text: &str) -> Cow<'_, str> {
@@ -88,33 +81,6 @@ impl Errors {
         self.errors
             .push(FieldError::new(field, message.to_string()));
     }
-}
-
-/// Why a rule failed on an object: a sentence for the client that says where in the rule (and
-/// in the object) it happened, with the cause as its `source()`.
-#[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
-    /// The same failure, inside a mutation, a `forEach` element or a patch operation.
-    #[error("{at}: {source}")]
-    At { at: String, source: Box<ApplyError> },
-    #[error(transparent)]
-    Limit(#[from] LimitError),
-    #[error(transparent)]
-    Match(#[from] MatchError),
-    #[error(transparent)]
-    Mutation(#[from] MutationError),
-    #[error(transparent)]
-    Template(#[from] TemplateError),
-    #[error(transparent)]
-    Lookup(#[from] LookupError),
-    #[error(transparent)]
-    Query(#[from] QueryError),
-    #[error(transparent)]
-    Pointer(#[from] PointerError),
-    #[error(transparent)]
-    Identity(#[from] IdentityChange),
-    #[error(transparent)]
-    Internal(#[from] InternalError),
 }
 
 /// A panic caught at the rule boundary: a bug, here or in a library.

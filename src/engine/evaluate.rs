@@ -11,9 +11,11 @@ use crate::api::{FailurePolicy, MUTATED_BY_ANNOTATION, Mode};
 use super::error::sanitize;
 use super::index::RuleIndex;
 use super::journal::{Changes, Journal, PatchOp, write_patch};
-use super::limits::{Limits, Meter, Stop};
+use super::limits::{Limits, Meter};
 use super::path::Pointer;
-use super::rule::{RanBefore, RuleId, RuleResult, Subject};
+use super::rule::RuleResult;
+use super::stop::Stop;
+use super::subject::{RanBefore, RuleId, Subject};
 
 /// What happened to an admitted object.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,7 +11,8 @@ use super::error::sanitize;
 use super::evaluate::{Verdict, audit, rules_namespace};
 use super::index::RuleIndex;
 use super::limits::{Limits, Meter};
-use super::rule::{RuleId, RuleResult, Subject};
+use super::rule::RuleResult;
+use super::subject::{RuleId, Subject};
 
 /// One rule's part in the admission of one object.
 #[derive(Clone, Debug, PartialEq)]

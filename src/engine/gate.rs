@@ -11,10 +11,11 @@ use serde_json::Value;
 
 use crate::api::{self, DEPENDENCY_KINDS, GATE_PREFIX, OnTimeout, exactly_one_of_message};
 
+use super::duration::parse_duration;
 use super::error::Errors;
 use super::glob::Glob;
 use super::matching::{Conditions, Selector};
-use super::rule::{RuleId, parse_duration};
+use super::subject::RuleId;
 
 /// Longest name part of a qualified name (`prefix/name`), as Kubernetes allows.
 const MAX_NAME_PART: usize = 63;

@@ -11,7 +11,8 @@ use smallvec::SmallVec;
 use super::kind::Gvk;
 use super::path::Pointer;
 use super::prefilter::{Prefilter, Reading, Survivors};
-use super::rule::{CompiledRule, Subject};
+use super::rule::CompiledRule;
+use super::subject::Subject;
 
 /// Lists shorter than this are matched rule by rule: looking up the prefilters for an object
 /// (and again after each rule that changes it) costs more than matching a few rules.

@@ -23,7 +23,7 @@ use std::time::Instant;
 use regex_automata::meta;
 use serde_json::Value;
 
-use super::error::ApplyError;
+use super::stop::Stop;
 
 /// The deepest nesting, counted from the object's root, that a rule may write. The API
 /// server's own JSON decoder and `serde_json` (128) accept deeper objects, so whatever initium
@@ -237,48 +237,6 @@ pub fn count_nodes(value: &Value, max: usize) -> usize {
     count
 }
 
-/// Why a rule stopped: an error or a limit (a sentence for the client), or out of time.
-#[derive(Debug)]
-pub(crate) enum Stop {
-    Error(Box<ApplyError>),
-    Budget,
-}
-
-impl<E: Into<ApplyError>> From<E> for Stop {
-    fn from(error: E) -> Self {
-        Stop::Error(Box::new(error.into()))
-    }
-}
-
-impl Stop {
-    /// The same stop, put in context: where in the rule or the object it happened (the
-    /// budget needs none).
-    pub fn context(self, at: impl FnOnce() -> String) -> Stop {
-        match self {
-            Stop::Error(source) => Stop::Error(Box::new(ApplyError::At { at: at(), source })),
-            Stop::Budget => Stop::Budget,
-        }
-    }
-}
-
-impl std::fmt::Display for Stop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Stop::Error(error) => error.fmt(f),
-            Stop::Budget => f.write_str("the latency budget ran out while the rule was running"),
-        }
-    }
-}
-
-impl std::error::Error for Stop {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Stop::Error(error) => error.source(),
-            Stop::Budget => None,
-        }
-    }
-}
-
 /// A limit a rule ran into while it was running.
 #[derive(Debug, thiserror::Error)]
 pub enum LimitError {
@@ -304,12 +262,6 @@ pub enum LimitError {
     Depth,
     #[error(transparent)]
     RegexWork(#[from] RegexWorkError),
-}
-
-impl From<RegexWorkError> for Stop {
-    fn from(error: RegexWorkError) -> Self {
-        LimitError::RegexWork(error).into()
-    }
 }
 
 /// Counts what the rules of one admission write and how long they take.

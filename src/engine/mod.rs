@@ -1,6 +1,7 @@
 //! The pure engine: rules in, compiled index; object in, mutated object + patch + report out.
 //! No Kubernetes client, no async, no I/O.
 
+mod duration;
 mod error;
 mod evaluate;
 mod explain;
@@ -13,6 +14,7 @@ mod kind;
 mod limits;
 mod literal;
 mod lookup;
+mod lookup_store;
 mod matching;
 mod mutation;
 mod parse;
@@ -20,9 +22,12 @@ mod path;
 mod prefilter;
 mod rule;
 mod scan;
+mod stop;
+mod subject;
 mod template;
 
-pub use error::{ApplyError, FieldError, IdentityChange, InternalError, RuleErrors, sanitize};
+pub use duration::{DurationError, parse_duration};
+pub use error::{FieldError, IdentityChange, InternalError, RuleErrors, sanitize};
 pub use evaluate::{Audited, Denial, Outcome, Verdict};
 pub use explain::{Step, StepResult};
 #[cfg(test)]
@@ -47,7 +52,9 @@ pub use matching::{Conditions, Selector};
 pub use mutation::MutationError;
 pub use parse::{RuleSource, compile_document, is_rule_document, parse_rule};
 pub use path::{PointerError, QueryError, QueryProblem, type_name as describe_value};
-pub use rule::{CompiledRule, DurationError, RanBefore, RuleId, Subject, compile, parse_duration};
+pub use rule::{CompiledRule, compile};
+pub use stop::ApplyError;
+pub use subject::{RanBefore, RuleId, Subject};
 pub use template::{MisplacedTemplate, TemplateError};
 
 /// Compiles every rule; the ones that fail are reported and left out, the others still work.

@@ -6,7 +6,8 @@ use serde_json::Value;
 use crate::api::{API_VERSION, RuleSpec};
 
 use super::error::{FieldError, RuleErrors};
-use super::rule::{CompiledRule, RuleId, compile};
+use super::rule::{CompiledRule, compile};
+use super::subject::RuleId;
 
 /// A rule as written: its identity and spec.
 #[derive(Clone, Debug, PartialEq)]

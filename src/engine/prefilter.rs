@@ -21,7 +21,8 @@ use crate::api::Operation;
 
 use super::matching::{Candidate, LabelNeed};
 use super::path::{Pointer, Query, after_token, escape};
-use super::rule::{CompiledRule, Subject};
+use super::rule::CompiledRule;
+use super::subject::Subject;
 
 /// Rules per bitset word.
 const WORD: usize = 64;

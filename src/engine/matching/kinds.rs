@@ -2,7 +2,7 @@
 
 use crate::engine::error::Errors;
 use crate::engine::kind::KindPattern;
-use crate::engine::rule::Subject;
+use crate::engine::subject::Subject;
 
 #[derive(Clone, Debug)]
 pub(super) struct Kinds(Vec<KindPattern>);

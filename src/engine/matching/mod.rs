@@ -24,7 +24,7 @@ use super::error::{Errors, InternalError};
 use super::glob::Glob;
 use super::kind::KindPattern;
 use super::path::QueryError;
-use super::rule::Subject;
+use super::subject::Subject;
 
 use annotations::Annotations;
 pub use conditions::Conditions;

@@ -2,7 +2,7 @@
 
 use crate::api::Operation;
 use crate::engine::error::Errors;
-use crate::engine::rule::Subject;
+use crate::engine::subject::Subject;
 
 /// `None`: any operation (an `exclude` that leaves them out).
 #[derive(Clone, Debug)]

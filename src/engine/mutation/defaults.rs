@@ -5,8 +5,9 @@
 use serde_json::Value;
 
 use crate::engine::journal::Journal;
-use crate::engine::limits::{Meter, Stop};
+use crate::engine::limits::Meter;
 use crate::engine::path::{Pointer, type_name};
+use crate::engine::stop::Stop;
 
 use super::{Compiler, Site, count_write};
 use crate::engine::template::Template;

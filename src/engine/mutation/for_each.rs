@@ -3,11 +3,12 @@
 
 use serde_json::Value;
 
-use crate::api::{self, element_mutation_kinds};
+use crate::api::{self, ELEMENT_MUTATION_KINDS};
 use crate::engine::journal::Journal;
-use crate::engine::limits::{Meter, Stop};
+use crate::engine::limits::Meter;
 use crate::engine::matching::Prepared;
 use crate::engine::path::{Pointer, Query};
+use crate::engine::stop::Stop;
 
 use super::{Compiler, Mutation, MutationError, Site, compile_kind};
 
@@ -44,11 +45,10 @@ pub(super) fn compile(
         }
     };
     let mut nested = cx.for_each();
-    let allowed = element_mutation_kinds();
     let mut mutations = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         let at = format!("{at}.mutations[{i}]");
-        let Some(kind) = nested.exactly_one(spec.kinds(), &allowed, &at) else {
+        let Some(kind) = nested.exactly_one(spec.kinds(), ELEMENT_MUTATION_KINDS, &at) else {
             continue;
         };
         if let Some(m) = compile_kind(kind, &at, &mut nested) {

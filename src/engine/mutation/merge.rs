@@ -3,9 +3,10 @@
 use serde_json::Value;
 
 use crate::engine::journal::Journal;
-use crate::engine::limits::{Meter, Stop};
+use crate::engine::limits::Meter;
 use crate::engine::literal::{self, MergePatch};
 use crate::engine::path::{Pointer, type_name};
+use crate::engine::stop::Stop;
 use crate::engine::template::Template;
 
 use super::{Compiler, Rendered, Site, count_write};

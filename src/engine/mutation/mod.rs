@@ -5,12 +5,12 @@
 //!
 //! # Adding a kind of mutation
 //!
-//! 1. `src/api.rs`: add its field to `Mutation` (and to `ElementMutation` if it can change
-//!    `forEach` elements), with a doc comment for `kubectl explain`; add its name to
-//!    `MUTATION_KINDS` and a variant to `MutationKind`, and list it in `Mutation::kinds` (and
-//!    `ElementMutation::kinds`, which do not compile until every field is listed). The CRD's
-//!    "exactly one of" CEL rules and the messages of `initium check` follow from the list:
-//!    regenerate the CRDs (`cargo run -- crd --out-dir crds`) and review the diff.
+//! 1. `src/api.rs`: one entry in the `mutation_kinds!` list: the field (with the doc comment
+//!    `kubectl explain` prints), its name as a rule writes it and its `MutationKind` variant.
+//!    Both `Mutation` and `ElementMutation`, `MUTATION_KINDS`, `MutationKind` and the CRD's
+//!    descriptions and "exactly one of" CEL rules follow from that list (a kind an element
+//!    cannot take, like `forEach`, is written outside it): regenerate the CRDs
+//!    (`cargo run -- crd --out-dir crds`) and review the diff.
 //! 2. `src/engine/mutation/<kind>.rs`: the compiled form, `compile` (through [`Compiler`],
 //!    which compiles templates, pointers and regular expressions and records the errors) and
 //!    `apply` (through [`Site`]: [`Site::render`] its templates against the object as it is
@@ -34,10 +34,11 @@ use crate::api::{self, MutationKind, exactly_one_of_message};
 
 use super::error::Errors;
 use super::journal::Journal;
-use super::limits::{MAX_DEPTH, Meter, Stop, compile_regex, measure};
+use super::limits::{MAX_DEPTH, Meter, compile_regex, measure};
 use super::literal::Lit;
 use super::lookup::Found;
 use super::path::Pointer;
+use super::stop::Stop;
 use super::template::{self, Roots, Scope, Template};
 
 /// A compiled mutation: one variant per kind.
@@ -68,7 +69,7 @@ pub(crate) fn compile(
         renders: false,
         lookups,
     };
-    let kind = cx.exactly_one(m.kinds(), &api::MUTATION_KINDS, at)?;
+    let kind = cx.exactly_one(m.kinds(), api::MUTATION_KINDS, at)?;
     if m.mutations.is_some() && !matches!(kind, MutationKind::ForEach { .. }) {
         cx.push(format!("{at}.mutations"), "mutations go with forEach");
         return None;
@@ -805,7 +806,7 @@ mod tests {
         assert!(compile(&spec, "spec.mutations[3]", 1 << 20, &[], &mut errors).is_none());
         assert_eq!(
             errors.errors[0].to_string(),
-            "spec.mutations[3]: set exactly one of merge, patch, upsert, forEach, rewrite, defaults, remove (found 2)"
+            "spec.mutations[3]: set exactly one of merge, patch, upsert, rewrite, defaults, remove, forEach (found 2)"
         );
         assert_eq!(count_regexes(&spec), 1);
     }

@@ -10,8 +10,9 @@ use serde_json::Value;
 
 use crate::api::{self, PatchOp};
 use crate::engine::journal::Journal;
-use crate::engine::limits::{MAX_DEPTH, Meter, Size, Stop, measure};
+use crate::engine::limits::{MAX_DEPTH, Meter, Size, measure};
 use crate::engine::path::Pointer;
+use crate::engine::stop::Stop;
 use crate::engine::template::Template;
 
 use super::{Compiler, MutationError, Rendered, Site, count_write};

@@ -5,9 +5,10 @@ use serde_json::Value;
 
 use crate::api;
 use crate::engine::journal::Journal;
-use crate::engine::limits::{Meter, Stop};
+use crate::engine::limits::Meter;
 use crate::engine::matching::{Conditions, MatchError, Prepared};
 use crate::engine::path::{Pointer, type_name};
+use crate::engine::stop::Stop;
 
 use super::{Compiler, MutationError, Site};
 

@@ -5,8 +5,9 @@ use serde_json::Value;
 
 use crate::api;
 use crate::engine::journal::Journal;
-use crate::engine::limits::{Meter, Stop, replace_all, starts_anchored};
+use crate::engine::limits::{Meter, replace_all, starts_anchored};
 use crate::engine::path::{Pointer, type_name};
+use crate::engine::stop::Stop;
 
 use super::{Compiler, MutationError, Site};
 

@@ -5,8 +5,9 @@ use serde_json::Value;
 
 use crate::api;
 use crate::engine::journal::Journal;
-use crate::engine::limits::{Meter, Stop};
+use crate::engine::limits::Meter;
 use crate::engine::path::{Pointer, type_name};
+use crate::engine::stop::Stop;
 use crate::engine::template::Template;
 
 use super::{Compiler, MutationError, Site, count_write};

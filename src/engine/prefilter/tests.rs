@@ -13,7 +13,8 @@ use crate::engine::kind::Gvk;
 use crate::engine::limits::Limits;
 use crate::engine::parse::compile_document;
 use crate::engine::path::{Pointer, escape};
-use crate::engine::rule::{CompiledRule, RanBefore, Subject};
+use crate::engine::rule::CompiledRule;
+use crate::engine::subject::{RanBefore, Subject};
 
 use super::{
     Affixes, End, Keyed, MapChange, Members, Prefilter, Reading, Survivors, anchored_prefix,

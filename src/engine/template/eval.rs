@@ -8,8 +8,9 @@ use serde_json::Value;
 
 use super::parse::{Call, Expr, Pick, QueryExpr};
 use super::{Scope, TemplateError};
-use crate::engine::limits::{Meter, Stop};
+use crate::engine::limits::Meter;
 use crate::engine::path::type_name;
+use crate::engine::stop::Stop;
 
 /// A value an expression gave.
 pub(super) enum Val<'a> {

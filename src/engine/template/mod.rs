@@ -8,6 +8,7 @@
 //! Values without templates stay compact literals, and a whole-string query is selected and
 //! copied as before functions existed: those are the paths nearly every rule takes.
 
+mod catalog;
 mod eval;
 mod functions;
 mod image;
@@ -16,12 +17,13 @@ mod parse;
 use serde_json::map::Entry;
 use serde_json::{Map, Value};
 
-use super::limits::{MAX_DEPTH, Meter, RegexError, Size, Stop, measure};
+use super::limits::{MAX_DEPTH, Meter, RegexError, Size, measure};
 use super::literal::Lit;
 use super::lookup::Found;
 use super::path::{QueryError, type_name};
+use super::stop::Stop;
+use catalog::Function;
 use eval::{Evaluator, Val};
-use functions::Function;
 use parse::{Expr, Options, Parser, QueryExpr, Root};
 
 /// One template: its expression and its text between the braces (for messages).

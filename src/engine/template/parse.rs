@@ -13,7 +13,7 @@ use crate::engine::limits::RuleRegex;
 use serde_json::{Number, Value};
 
 use super::TemplateError;
-use super::functions::Function;
+use super::catalog::Function;
 use crate::engine::limits::{MAX_CALL_NESTING, compile_regex};
 use crate::engine::lookup::is_lookup_name;
 use crate::engine::path::Query;
