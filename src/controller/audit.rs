@@ -16,6 +16,7 @@ use crate::admission::audit::Tally;
 use crate::admission::state::Shared;
 use crate::api::API_VERSION;
 use crate::engine::RuleId;
+use crate::report::report;
 
 use super::ControllerError;
 use super::duty::{Context, Duty};
@@ -351,7 +352,7 @@ async fn publish(
     if let Err(error) = recorder.publish(&event, &reference).await {
         context.failed(
             "publishing an audit Event on the rule failed; the counts are in the metrics",
-            &format!("{}: {}", rule.describe(), crate::report(&error)),
+            &format!("{}: {}", rule.describe(), report(&error)),
         );
     }
 }

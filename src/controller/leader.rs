@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use super::duty::{Context, Duty};
 use super::{ControllerConfig, ControllerError};
+use crate::report::report;
 
 /// First wait before the election starts over after a failure; it doubles up to
 /// [`RETRY_MAX`].
@@ -168,7 +169,7 @@ impl Duty for Lease {
                         () = context.stop.wait() => {
                             let was_leading = self.set_leading(false);
                             if let Err(e) = manager.release().await {
-                                tracing::warn!(%lease, error = %crate::report(&e), "releasing the Lease failed; it expires by itself");
+                                tracing::warn!(%lease, error = %report(&e), "releasing the Lease failed; it expires by itself");
                             } else if was_leading {
                                 tracing::info!(%lease, %identity, "released the Lease");
                             }
@@ -189,7 +190,7 @@ impl Duty for Lease {
                                 self.set_leading(false);
                                 break backoff.failed(
                                     "leader election failed; not leading until it works again",
-                                    &format_args!("{lease}: {}", crate::report(&e)),
+                                    &format_args!("{lease}: {}", report(&e)),
                                 );
                             }
                         }
@@ -199,7 +200,7 @@ impl Duty for Lease {
                     self.set_leading(false);
                     backoff.failed(
                         "cannot set up the leader election",
-                        &format_args!("{lease}: {}", crate::report(&e)),
+                        &format_args!("{lease}: {}", report(&e)),
                     )
                 }
             };

@@ -38,6 +38,7 @@ use super::webhooks::Inputs;
 use super::{ControllerError, FIELD_MANAGER, Leader};
 use crate::api::{ClusterMutationRule, MutationRule, RuleStatus};
 use crate::engine::RuleId;
+use crate::report::report;
 
 /// The condition type initium writes.
 pub const READY: &str = "Ready";
@@ -311,7 +312,7 @@ impl Duty for Status {
                     }
                     Err(e) => {
                         failed += 1;
-                        tracing::warn!(rule = %view.id.describe(), error = %crate::report(&e), "writing the rule status failed");
+                        tracing::warn!(rule = %view.id.describe(), error = %report(&e), "writing the rule status failed");
                     }
                 }
             }

@@ -44,6 +44,7 @@ use super::{ControllerConfig, ControllerError, FIELD_MANAGER, Leader};
 use crate::admission::{MUTATE_PATH, VALIDATE_PATH};
 use crate::api::{FailurePolicy, GROUP, Operation, VERSION};
 use crate::engine::{CompiledRule, KindPattern};
+use crate::report::report;
 
 /// Name of the webhook for rules with `failurePolicy: Fail`.
 pub const FAIL_WEBHOOK: &str = "fail.initium.dev";
@@ -699,10 +700,8 @@ impl Duty for Webhooks {
                     }
                 }
                 Err(e) => {
-                    wait = backoff.failed(
-                        "updating the webhook configurations failed",
-                        &crate::report(&e),
-                    );
+                    wait =
+                        backoff.failed("updating the webhook configurations failed", &report(&e));
                 }
             }
         }

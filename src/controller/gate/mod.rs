@@ -58,6 +58,7 @@ use super::{ControllerError, FIELD_MANAGER, Leader, Readiness};
 use crate::admission::state::Shared;
 use crate::api::GATED_LABEL;
 use crate::engine::RuleIndex;
+use crate::report::report;
 
 /// How often the duty looks whether the rule index is complete, until it is (in memory).
 const SYNC_CHECK: Duration = Duration::from_millis(100);
@@ -472,7 +473,7 @@ impl Run<'_> {
                 &format!(
                     "releasing the gates of Pod {} failed: {}; retrying",
                     plan.pod.key,
-                    crate::report(&e)
+                    report(&e)
                 ),
             ),
         }

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::state::{GatedPod, Held, PodKey, Reason, Release, release_patch, unlabel_patch};
 use crate::controller::FIELD_MANAGER;
+use crate::report::report;
 
 /// Attempts per release: the first write and up to four after a 409.
 pub(crate) const MAX_ATTEMPTS: u32 = 5;
@@ -328,7 +329,7 @@ async fn publish(
             duty = "gates",
             pod = %pod.key,
             reason,
-            error = %crate::report(&error),
+            error = %report(&error),
             "publishing an event on the Pod failed; the gate itself is not affected"
         );
     }
