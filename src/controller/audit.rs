@@ -18,9 +18,9 @@ use crate::api::API_VERSION;
 use crate::engine::RuleId;
 use crate::report::report;
 
-use super::ControllerError;
 use super::duty::{Context, Duty};
 use super::rules::Snapshot;
+use super::vocabulary::{ControllerError, FIELD_MANAGER};
 
 /// Default `--audit-report-interval`.
 pub const DEFAULT_AUDIT_REPORT_INTERVAL: Duration = Duration::from_secs(60);
@@ -68,7 +68,7 @@ impl Duty for Audit {
         let recorder = Recorder::new(
             self.client.clone(),
             Reporter {
-                controller: super::FIELD_MANAGER.into(),
+                controller: FIELD_MANAGER.into(),
                 instance: Some(self.identity.clone()),
             },
         );

@@ -7,7 +7,7 @@
 use prometheus_client::metrics::gauge::Gauge;
 
 use super::duty::{Context, Duty};
-use super::{ControllerError, Leader};
+use super::vocabulary::{ControllerError, Leader};
 use crate::report::report;
 use crate::tls::{Tls, TlsError};
 

@@ -19,8 +19,8 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::ControllerError;
 use super::duty::{Context, Duty};
+use super::vocabulary::ControllerError;
 use crate::engine::{Gvk, KindPattern};
 use crate::report::report;
 

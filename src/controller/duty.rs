@@ -26,7 +26,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{ControllerError, Stop};
+use super::vocabulary::{ControllerError, Stop};
 use crate::metrics::Metrics;
 use crate::report::report;
 

@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
 use super::duty::{Context, Duty};
-use super::{ControllerConfig, ControllerError};
+use super::vocabulary::ControllerError;
 use crate::report::report;
 
 /// First wait before the election starts over after a failure; it doubles up to
@@ -114,17 +114,19 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
+    /// The election of the Lease `settings` names in `namespace` (initium's own).
     pub(crate) fn new(
         client: Client,
-        config: &ControllerConfig,
+        namespace: &str,
+        settings: &LeaseSettings,
         leading: watch::Sender<bool>,
         gauge: Gauge,
     ) -> Lease {
         Lease {
             client,
-            settings: config.lease.clone(),
-            identity: config.lease.identity(),
-            namespace: config.namespace.clone(),
+            settings: settings.clone(),
+            identity: settings.identity(),
+            namespace: namespace.to_string(),
             leading,
             gauge,
         }

@@ -54,7 +54,7 @@ use self::state::{
 use self::watch::{KindEvent, KindUpdate, Watches};
 use super::duty::{Context, Duty};
 use super::rules::Snapshot;
-use super::{ControllerError, FIELD_MANAGER, Leader, Readiness};
+use super::vocabulary::{ControllerError, FIELD_MANAGER, Leader, Readiness};
 use crate::admission::state::Shared;
 use crate::api::GATED_LABEL;
 use crate::engine::RuleIndex;

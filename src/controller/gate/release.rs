@@ -16,7 +16,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
 
 use super::state::{GatedPod, Held, PodKey, Reason, Release, release_patch, unlabel_patch};
-use crate::controller::FIELD_MANAGER;
+use crate::controller::vocabulary::FIELD_MANAGER;
 use crate::report::report;
 
 /// Attempts per release: the first write and up to four after a 409.
