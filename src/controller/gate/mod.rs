@@ -345,12 +345,8 @@ impl Run<'_> {
             let unlabel = entry.pod.labeled && entry.pod.initium_gates().next().is_none();
             self.waiting.set_keys(&key, verdict.keys.clone());
             self.waiting.set_deadline(&key, verdict.deadline);
-            if !verdict.newly_held.is_empty()
-                && let Some(entry) = self.waiting.get_mut(&key)
-            {
-                for held in &verdict.newly_held {
-                    entry.held.insert(held.gate.clone(), false);
-                }
+            if let Some(entry) = self.waiting.get_mut(&key) {
+                entry.hold(&verdict);
             }
             if verdict.is_release() || unlabel {
                 let ready = verdict.release.iter().any(|r| r.reason == Reason::Ready);
@@ -488,39 +484,13 @@ impl Run<'_> {
         self.retry_at = Some(self.retry_at.map_or(at, |r| r.min(at)));
     }
 
-    /// Publishes the `GateTimedOut` events of held gates not published yet (leader only).
+    /// Publishes the `GateTimedOut` events of held gates not published yet (leader only),
+    /// with what they wait for as last judged.
     fn publish_held(&mut self) {
-        let keys: Vec<PodKey> = self.waiting.keys().cloned().collect();
-        let now = Timestamp::now();
-        for key in keys {
-            let Some(entry) = self.waiting.get_mut(&key) else {
-                continue;
-            };
-            let unsent: Vec<String> = entry
-                .held
-                .iter()
-                .filter(|(_, sent)| !**sent)
-                .map(|(g, _)| g.clone())
-                .collect();
-            if unsent.is_empty() {
-                continue;
-            }
-            let pod = entry.pod.clone();
-            for gate in &unsent {
-                entry.held.insert(gate.clone(), true);
-            }
-            // The details (what it still waits for) as judged now.
-            let mut held_before = entry.held_gates();
-            for gate in &unsent {
-                held_before.remove(gate);
-            }
-            let verdict = state::judge(&pod, &self.rules, self.world, &held_before, now);
-            for held in verdict.newly_held {
-                if !unsent.contains(&held.gate) {
-                    continue;
-                }
+        for entry in self.waiting.entries_mut() {
+            for held in entry.take_unsent() {
                 self.shared.metrics.gate_timed_out("Hold");
-                self.events.held(pod.clone(), held);
+                self.events.held(entry.pod.clone(), held);
             }
         }
     }

@@ -105,6 +105,9 @@ pub(crate) struct Verdict {
     pub deadline: Option<Timestamp>,
     /// Gates that timed out just now with `onTimeout: Hold` (not in `held` before).
     pub newly_held: Vec<Held>,
+    /// Gates in `held` that still wait, timed out with `onTimeout: Hold`, with what they wait
+    /// for now: the details of their event while it is not out yet.
+    pub still_held: Vec<Held>,
     /// What the Pod waits on (for the reverse index).
     pub keys: BTreeSet<DepKey>,
 }
@@ -190,10 +193,19 @@ pub(crate) fn judge(
         if pending.is_empty() {
             pending.push("DaemonSets Ready on a common node".into());
         }
+        let due = deadline(pod.created, gate);
         if held.contains(name) {
+            // Untimed now; what it still waits for, for its event if that is not out yet.
+            if matches!(gate.on_timeout, OnTimeout::Hold) && due.is_some_and(|due| due <= now) {
+                verdict.still_held.push(Held {
+                    gate: name.to_string(),
+                    rule: rule.clone(),
+                    pending,
+                    timeout: gate.timeout,
+                });
+            }
             continue;
         }
-        let due = deadline(pod.created, gate);
         match due {
             Some(due) if due <= now => match gate.on_timeout {
                 OnTimeout::Release => verdict.release.push(Release {

@@ -283,6 +283,64 @@ fn a_timeout_releases_with_release_and_holds_once_with_hold() {
 }
 
 #[test]
+fn a_held_gates_event_tells_what_it_waits_for_as_last_judged_and_goes_out_once() {
+    let hold = rule(
+        RuleId::namespaced(NS, "h"),
+        json!({"waitFor": [{"service": {"name": "cache"}}, {"service": {"name": "db"}}],
+               "timeout": "30s", "onTimeout": "Hold"}),
+    );
+    let gates = gates(std::slice::from_ref(&hold));
+    let p = pod("web-1", &[&gate_of(&hold)]);
+    let mut waiting = Waiting::default();
+    waiting.apply(PodEvent::Apply(p.clone()));
+    let mut world = World::default();
+    // Judged once per change; the event is built from that judgement, not from another.
+    let judge_now = |waiting: &mut Waiting, world: &World, at: i64| {
+        let entry = waiting.get_mut(&p.key).unwrap();
+        let verdict = judge(&p, &gates, world, &entry.held_gates(), ts(at));
+        entry.hold(&verdict);
+    };
+
+    judge_now(&mut waiting, &world, 30);
+    // A follower: the event waits, and is refreshed when the Pod is judged again.
+    world.apply(
+        &WatchKind::EndpointSlices,
+        Update::Apply(slice("cache", "c", 1)),
+    );
+    judge_now(&mut waiting, &world, 31);
+    let entry = waiting.get_mut(&p.key).unwrap();
+    let unsent = entry.take_unsent();
+    assert_eq!(unsent.len(), 1);
+    assert_eq!(unsent[0].gate, gate_of(&hold));
+    assert_eq!(unsent[0].pending, ["Service shop/db"], "as last judged");
+    assert!(entry.take_unsent().is_empty(), "out once");
+    judge_now(&mut waiting, &world, 40);
+    let entry = waiting.get_mut(&p.key).unwrap();
+    assert!(entry.take_unsent().is_empty(), "still held, not told again");
+
+    // Held, then ready before the event went out: nothing to tell.
+    let q = pod("web-2", &[&gate_of(&hold)]);
+    waiting.apply(PodEvent::Apply(q.clone()));
+    let mut world = World::default();
+    let entry = waiting.get_mut(&q.key).unwrap();
+    let verdict = judge(&q, &gates, &world, &entry.held_gates(), ts(30));
+    entry.hold(&verdict);
+    for (service, slice_name) in [("cache", "c"), ("db", "d")] {
+        world.apply(
+            &WatchKind::EndpointSlices,
+            Update::Apply(slice(service, slice_name, 1)),
+        );
+    }
+    let verdict = judge(&q, &gates, &world, &entry.held_gates(), ts(31));
+    assert_eq!(
+        reasons(&verdict),
+        [(gate_of(&hold).as_str(), Reason::Ready)]
+    );
+    entry.hold(&verdict);
+    assert!(entry.take_unsent().is_empty());
+}
+
+#[test]
 fn a_job_seen_succeeded_stays_satisfied_after_it_is_deleted() {
     let r = rule(
         RuleId::namespaced(NS, "after-init"),
@@ -733,7 +791,7 @@ fn a_recreated_pod_of_the_same_name_starts_over() {
     let a = pod("a", &["initium.dev/shop.x"]);
     waiting.apply(PodEvent::Apply(a.clone()));
     let entry = waiting.get_mut(&a.key).unwrap();
-    entry.held.insert("initium.dev/shop.x".into(), true);
+    entry.held.insert("initium.dev/shop.x".into(), None);
     entry.written = Some("10".into());
     let mut again = a.clone();
     again.uid = "another".into();

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::decision::{Held, Verdict};
 use super::pod::{GatedPod, PodKey};
 use super::world::{DepKey, WatchKind};
 
@@ -15,8 +16,9 @@ pub(crate) struct Entry {
     /// What it waits on (as last judged).
     pub keys: BTreeSet<DepKey>,
     pub deadline: Option<Timestamp>,
-    /// Gates that timed out with `Hold`; `true` once their event is out.
-    pub held: BTreeMap<String, bool>,
+    /// Gates that timed out with `Hold`, each with its event while that is not out yet (what
+    /// it waits for as last judged).
+    pub held: BTreeMap<String, Option<Held>>,
     /// The resourceVersion a release was written over: not written again until the watch
     /// shows a newer version.
     pub written: Option<String>,
@@ -25,6 +27,35 @@ pub(crate) struct Entry {
 impl Entry {
     pub(crate) fn held_gates(&self) -> BTreeSet<String> {
         self.held.keys().cloned().collect()
+    }
+
+    /// Records what `verdict`, judged on this Pod, says of its gates timed out with `Hold`:
+    /// the new ones, with their event, and for those whose event is not out yet what they
+    /// wait for now (nothing, and no event, for one ready or gone meanwhile).
+    pub(crate) fn hold(&mut self, verdict: &Verdict) {
+        for (gate, unsent) in &mut self.held {
+            if unsent.is_some() {
+                *unsent = verdict.still_held.iter().find(|h| &h.gate == gate).cloned();
+            }
+        }
+        for held in &verdict.newly_held {
+            self.held.insert(held.gate.clone(), Some(held.clone()));
+        }
+    }
+
+    /// The events of held gates not out yet, in the Pod's order of gates; from now on they are
+    /// out.
+    pub(crate) fn take_unsent(&mut self) -> Vec<Held> {
+        let unsent = self
+            .pod
+            .gates
+            .iter()
+            .filter_map(|gate| self.held.get_mut(gate).and_then(Option::take))
+            .collect();
+        for event in self.held.values_mut() {
+            *event = None;
+        }
+        unsent
     }
 }
 
@@ -130,6 +161,10 @@ impl Waiting {
 
     pub(crate) fn keys(&self) -> impl Iterator<Item = &PodKey> {
         self.pods.keys()
+    }
+
+    pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = &mut Entry> {
+        self.pods.values_mut()
     }
 
     /// Pods with at least one initium gate (the `initium_gated_pods` gauge).
