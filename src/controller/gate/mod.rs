@@ -31,6 +31,7 @@
 
 pub(crate) mod release;
 pub(crate) mod state;
+mod telemetry;
 pub(crate) mod watch;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -51,6 +52,7 @@ use self::release::{Done, Events, Outcome, Plan};
 use self::state::{
     GatedPod, Gates as GateRules, PodEvent, PodKey, Reason, Verdict, Waiting, World,
 };
+use self::telemetry::Telemetry;
 use self::watch::{KindEvent, KindUpdate, Watches};
 use super::duty::{Context, Duty};
 use super::rules::Snapshot;
@@ -115,6 +117,7 @@ struct Releasable {
 struct Run<'a> {
     client: Client,
     shared: &'a Shared,
+    telemetry: Telemetry<'a>,
     world: &'a mut World,
     leader: Leader,
     events: Events,
@@ -164,6 +167,7 @@ impl Duty for Gates {
         let mut run = Run {
             client: client.clone(),
             shared,
+            telemetry: Telemetry(&shared.metrics),
             world,
             leader: leader.clone(),
             events: Events::start(Recorder::new(client.clone(), reporter), writing_rx),
@@ -303,18 +307,7 @@ impl Duty for Gates {
                 run.judge(dirty, received);
                 run.sync_watches();
             }
-            run.shared
-                .metrics
-                .gated_pods
-                .set(i64::try_from(run.waiting.waiting()).unwrap_or(i64::MAX));
-            run.shared
-                .metrics
-                .gate_objects
-                .set(i64::try_from(run.world.objects()).unwrap_or(i64::MAX));
-            run.shared
-                .metrics
-                .gate_object_bytes
-                .set(i64::try_from(run.world.object_bytes()).unwrap_or(i64::MAX));
+            run.telemetry.holding(&run.waiting, run.world);
             if leader.is_leader() {
                 run.dispatch();
             }
@@ -403,7 +396,6 @@ impl Run<'_> {
             self.writes.spawn(release::release(
                 self.client.clone(),
                 self.events.clone(),
-                self.shared.metrics.gate_write_conflicts.clone(),
                 plan,
             ));
         }
@@ -414,9 +406,11 @@ impl Run<'_> {
 
     /// A write ended: metrics, and what to remember.
     fn done(&mut self, done: Done) {
-        let Done { key, plan, outcome } = done;
+        self.telemetry.written(&done);
+        let Done {
+            key, plan, outcome, ..
+        } = done;
         self.in_flight.remove(&key);
-        let metrics = &self.shared.metrics;
         match outcome {
             Outcome::Released { over } => {
                 self.backoff.succeeded();
@@ -424,25 +418,8 @@ impl Run<'_> {
                     entry.written = Some(over);
                 }
                 self.releasable.remove(&key);
-                for release in &plan.releases {
-                    metrics.gate_released(release.reason.label());
-                    if release.reason == Reason::Timeout {
-                        metrics.gate_timed_out("Release");
-                    }
-                }
                 if plan.releases.is_empty() {
                     return;
-                }
-                if let Some(created) = plan.pod.created {
-                    let waited = Timestamp::now().duration_since(created);
-                    metrics.gate_wait.observe(waited.as_secs_f64().max(0.0));
-                }
-                if let Some(trigger) = plan.trigger
-                    && plan.releases.iter().any(|r| r.reason == Reason::Ready)
-                {
-                    metrics
-                        .gate_release_latency
-                        .observe(trigger.elapsed().as_secs_f64());
                 }
                 let gates: Vec<&str> = plan.releases.iter().map(|r| r.gate.as_str()).collect();
                 tracing::info!(duty = "gates", pod = %key, gates = ?gates, "released");
@@ -489,7 +466,7 @@ impl Run<'_> {
     fn publish_held(&mut self) {
         for entry in self.waiting.entries_mut() {
             for held in entry.take_unsent() {
-                self.shared.metrics.gate_timed_out("Hold");
+                self.telemetry.held();
                 self.events.held(entry.pod.clone(), held);
             }
         }

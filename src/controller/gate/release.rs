@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::{
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client};
-use prometheus_client::metrics::counter::Counter;
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
@@ -146,15 +145,12 @@ pub(crate) struct Done {
     pub key: PodKey,
     pub plan: Plan,
     pub outcome: Outcome,
+    /// 409s met on the way (`initium_gate_write_conflicts_total`).
+    pub conflicts: u32,
 }
 
 /// Writes one release (see the module documentation); publishes its events once written.
-pub(crate) async fn release(
-    client: Client,
-    events: Events,
-    conflicts: Counter,
-    plan: Plan,
-) -> Done {
+pub(crate) async fn release(client: Client, events: Events, plan: Plan) -> Done {
     let key = plan.pod.key.clone();
     let api = Api::<Pod>::namespaced(client, &key.namespace);
     let params = PatchParams {
@@ -163,6 +159,7 @@ pub(crate) async fn release(
     };
     let mut view = plan.pod.clone();
     let mut outcome = Outcome::Conflicted;
+    let mut conflicts = 0;
     for _ in 0..MAX_ATTEMPTS {
         let Some(patch) = plan.patch(&view) else {
             outcome = Outcome::AlreadyReleased {
@@ -182,7 +179,7 @@ pub(crate) async fn release(
                 break;
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                conflicts.inc();
+                conflicts += 1;
                 match api.get(&key.name).await {
                     Ok(pod) => match GatedPod::of(&pod) {
                         Some(fresh) if fresh.uid == plan.pod.uid => view = fresh,
@@ -210,7 +207,12 @@ pub(crate) async fn release(
     if matches!(outcome, Outcome::Released { .. }) {
         events.released(&plan);
     }
-    Done { key, plan, outcome }
+    Done {
+        key,
+        plan,
+        outcome,
+        conflicts,
+    }
 }
 
 /// Events go out after the writes, from a queue of their own, a few at a time and only while
