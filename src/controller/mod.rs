@@ -22,8 +22,9 @@
 //!   change.
 //! - `gate` (folder): the gate controller. Watches the gated Pods and, per kind, what they
 //!   wait on; releases initium's scheduling gates (leader only) when the dependencies hold,
-//!   on timeout, or when the rule is gone. `state.rs` is its pure half (reverse index,
-//!   decisions, the release patch), `watch.rs` the dependency watches, `release.rs` the write.
+//!   on timeout, or when the rule is gone. `state/` is its pure half (the waiting Pods and
+//!   the reverse index, the dependency facts, the decisions), `watch.rs` the dependency
+//!   watches, `release.rs` the write (and the patch it writes), `telemetry.rs` its metrics.
 //! - [`discovery`]: which kinds the API server serves, and which initium never intercepts.
 //! - [`status`]: the `Ready` condition of every rule.
 //! - [`webhooks`]: the MutatingWebhookConfiguration and ValidatingWebhookConfiguration.
