@@ -1,9 +1,9 @@
 //! The errors of the Kubernetes client as sentences a person can act on.
 //!
 //! kube's own `Display` of an API error is `ApiError: <message> (Status { ... })`, a `Debug`
-//! dump; a watch error wraps that again. [`crate::report`] renders every kube error it meets
-//! in an error chain with [`describe`], so what `initium` prints and logs says what the API
-//! server answered and what to do about it.
+//! dump; a watch error wraps that again. `report` renders every kube error it meets in an
+//! error chain with [`describe`], so what `initium` prints and logs says what the API server
+//! answered and what to do about it.
 
 use kube::runtime::watcher;
 
@@ -110,7 +110,7 @@ fn innermost(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// If `error` is a kube client or watch error, its sentence; such an error ends a chain for
-/// [`crate::report`] (its causes are in the sentence).
+/// `report` (its causes are in the sentence).
 pub(crate) fn sentence(error: &(dyn std::error::Error + 'static)) -> Option<String> {
     if let Some(e) = error.downcast_ref::<kube::Error>() {
         return Some(describe(e));
@@ -210,37 +210,5 @@ mod tests {
         for error in &failures {
             assert!(!is_expired(error), "{}", describe_watch(error));
         }
-    }
-
-    #[test]
-    fn a_lease_error_is_the_sentence_of_the_kube_error_it_wraps() {
-        let error = kube_lease_manager::LeaseManagerError::KubeError(api(
-            409,
-            "Conflict",
-            "Operation cannot be fulfilled on leases.coordination.k8s.io \"initium\"",
-        ));
-        let text = crate::report(&error);
-        assert_eq!(
-            text,
-            "the API server answered: Operation cannot be fulfilled on \
-             leases.coordination.k8s.io \"initium\" (409 Conflict). Someone else wrote the same \
-             object at the same time; initium retries."
-        );
-        assert!(!text.contains("Kube error"), "{text}");
-    }
-
-    #[test]
-    fn the_report_of_a_chain_ends_at_the_kube_error() {
-        let error = crate::controller::ControllerError::Api {
-            action: "get",
-            object: "Lease initium-dev/initium".into(),
-            source: api(404, "NotFound", "leases \"initium\" not found"),
-        };
-        let text = crate::report(&error);
-        assert_eq!(
-            text,
-            "cannot get Lease initium-dev/initium: the API server answered: leases \"initium\" \
-             not found (404 NotFound)."
-        );
     }
 }

@@ -14,11 +14,13 @@ pub mod engine;
 pub mod kube_errors;
 pub mod metrics;
 pub mod ops;
+pub mod report;
 pub mod serve;
 pub mod tls;
 pub mod untrusted;
 
 use engine::RuleErrors;
+pub use report::report;
 
 /// A cause kept below one of initium's errors, for the chain [`report`] prints.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -121,34 +123,6 @@ impl Error {
 /// written as a Rust escape: `\u{1b}`, `\n`.
 pub fn escape_controls(text: &str) -> String {
     untrusted::escape(text).into_owned()
-}
-
-/// An error and its causes as one line of text, `outer: cause: cause`: what `initium` prints
-/// and logs. A cause whose text the line already holds (an error that quotes its source) is
-/// not repeated.
-pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
-    // A kube client or watch error is a sentence of its own (kube's `Display` is a `Debug`
-    // dump of the API server's Status) and ends the chain: its causes are in the sentence.
-    if let Some(text) = kube_errors::sentence(error) {
-        return text;
-    }
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let (line, last) = match kube_errors::sentence(cause) {
-            Some(sentence) => (sentence, true),
-            None => (cause.to_string(), false),
-        };
-        if !line.is_empty() && !text.contains(&line) {
-            text.push_str(": ");
-            text.push_str(&line);
-        }
-        if last {
-            break;
-        }
-        source = cause.source();
-    }
-    text
 }
 
 fn render_rule_errors(errors: &[RuleErrors]) -> String {

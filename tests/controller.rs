@@ -772,7 +772,7 @@ async fn the_webhook_configuration_covers_exactly_what_ready_rules_need() {
     })
     .collect();
     let desired = webhooks::desired_mutating(
-        &running.config,
+        &running.config.webhook_settings(),
         running.shared.config.budget,
         running.ca_bundle.as_deref(),
         &needs,
@@ -786,8 +786,10 @@ async fn the_webhook_configuration_covers_exactly_what_ready_rules_need() {
         .get(&name)
         .await
         .expect("get the ValidatingWebhookConfiguration");
-    let desired_validating =
-        webhooks::desired_validating(&running.config, running.ca_bundle.as_deref());
+    let desired_validating = webhooks::desired_validating(
+        &running.config.webhook_settings(),
+        running.ca_bundle.as_deref(),
+    );
     assert!(
         webhooks::up_to_date(&stored_validating, &desired_validating),
         "stored:\n{stored_validating:#?}\ndesired:\n{desired_validating:#?}"

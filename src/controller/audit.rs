@@ -16,10 +16,11 @@ use crate::admission::audit::Tally;
 use crate::admission::state::Shared;
 use crate::api::API_VERSION;
 use crate::engine::RuleId;
+use crate::report::report;
 
-use super::ControllerError;
 use super::duty::{Context, Duty};
 use super::rules::Snapshot;
+use super::vocabulary::{ControllerError, FIELD_MANAGER};
 
 /// Default `--audit-report-interval`.
 pub const DEFAULT_AUDIT_REPORT_INTERVAL: Duration = Duration::from_secs(60);
@@ -67,7 +68,7 @@ impl Duty for Audit {
         let recorder = Recorder::new(
             self.client.clone(),
             Reporter {
-                controller: super::FIELD_MANAGER.into(),
+                controller: FIELD_MANAGER.into(),
                 instance: Some(self.identity.clone()),
             },
         );
@@ -351,7 +352,7 @@ async fn publish(
     if let Err(error) = recorder.publish(&event, &reference).await {
         context.failed(
             "publishing an audit Event on the rule failed; the counts are in the metrics",
-            &format!("{}: {}", rule.describe(), crate::report(&error)),
+            &format!("{}: {}", rule.describe(), report(&error)),
         );
     }
 }

@@ -7,7 +7,8 @@
 use prometheus_client::metrics::gauge::Gauge;
 
 use super::duty::{Context, Duty};
-use super::{ControllerError, Leader};
+use super::vocabulary::{ControllerError, Leader};
+use crate::report::report;
 use crate::tls::{Tls, TlsError};
 
 /// The duty keeping [`Tls`] current.
@@ -61,7 +62,7 @@ impl Duty for Certificates {
             match self.refresh().await {
                 Ok(()) => backoff.succeeded(),
                 Err(e) => {
-                    backoff.failed(failed, &crate::report(&e));
+                    backoff.failed(failed, &report(&e));
                 }
             }
         }

@@ -19,9 +19,10 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::ControllerError;
 use super::duty::{Context, Duty};
+use super::vocabulary::ControllerError;
 use crate::engine::{Gvk, KindPattern};
+use crate::report::report;
 
 /// One top-level resource the API server serves (subresources such as `pods/status` are
 /// never listed: rules match objects, not subresources).
@@ -192,7 +193,7 @@ pub async fn discover(client: &Client) -> Result<Served, kube::Error> {
         Ok(served) if served.resources.iter().any(|r| r.gvk.group.is_empty()) => Ok(served),
         Ok(_) => legacy(client).await,
         Err(e) => {
-            tracing::debug!(error = %crate::report(&e), "aggregated discovery failed; reading group by group");
+            tracing::debug!(error = %report(&e), "aggregated discovery failed; reading group by group");
             legacy(client).await
         }
     }
@@ -329,7 +330,7 @@ impl Duty for Discovery {
                                 true
                             });
                         }
-                        Err(e) => soon.push(now + backoff.failed("discovery failed", &crate::report(&e))),
+                        Err(e) => soon.push(now + backoff.failed("discovery failed", &report(&e))),
                     }
                 }
             }

@@ -26,8 +26,9 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{ControllerError, Stop};
+use super::vocabulary::{ControllerError, Stop};
 use crate::metrics::Metrics;
+use crate::report::report;
 
 /// A long-running part of the controller.
 pub(crate) trait Duty: Send + 'static {
@@ -77,12 +78,12 @@ impl Context {
         if crate::kube_errors::is_expired(error) {
             tracing::info!(
                 duty = self.failures.duty,
-                detail = %crate::report(error),
+                detail = %report(error),
                 "a watch's resourceVersion expired (410); listing again, as every Kubernetes \
                  client does"
             );
         } else {
-            self.failed(what, &crate::report(error));
+            self.failed(what, &report(error));
         }
     }
 }
@@ -218,7 +219,7 @@ impl<'m> Supervisor<'m> {
         while let Some(ended) = self.duties.join_next_with_id().await {
             let (id, error) = match ended {
                 Ok((_, Ok(()))) => continue,
-                Ok((id, Err(e))) => (id, crate::report(&e)),
+                Ok((id, Err(e))) => (id, report(&e)),
                 Err(e) => (e.id(), e.to_string()),
             };
             tracing::warn!(duty = self.name(id), %error, "controller duty failed while stopping");
@@ -266,7 +267,7 @@ async fn supervise<D: Duty>(
                 source: Box::new(error),
             });
         }
-        let wait = backoff.failed("the duty failed; restarting it", &crate::report(&error));
+        let wait = backoff.failed("the duty failed; restarting it", &report(&error));
         restarts.inc();
         if stop.sleep(wait).await {
             return Ok(());
@@ -463,7 +464,7 @@ mod tests {
             .await
             .expect_err("the duty cannot go on");
         assert_eq!(
-            crate::report(&error),
+            report(&error),
             format!(
                 "the flaky duty failed {MAX_CONSECUTIVE_FAILURES} times in a row and restarts did \
                  not help (check that the API server is reachable and that initium's RBAC allows \

@@ -18,7 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
 use super::duty::{Context, Duty};
-use super::{ControllerConfig, ControllerError};
+use super::vocabulary::ControllerError;
+use crate::report::report;
 
 /// First wait before the election starts over after a failure; it doubles up to
 /// [`RETRY_MAX`].
@@ -113,17 +114,19 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
+    /// The election of the Lease `settings` names in `namespace` (initium's own).
     pub(crate) fn new(
         client: Client,
-        config: &ControllerConfig,
+        namespace: &str,
+        settings: &LeaseSettings,
         leading: watch::Sender<bool>,
         gauge: Gauge,
     ) -> Lease {
         Lease {
             client,
-            settings: config.lease.clone(),
-            identity: config.lease.identity(),
-            namespace: config.namespace.clone(),
+            settings: settings.clone(),
+            identity: settings.identity(),
+            namespace: namespace.to_string(),
             leading,
             gauge,
         }
@@ -168,7 +171,7 @@ impl Duty for Lease {
                         () = context.stop.wait() => {
                             let was_leading = self.set_leading(false);
                             if let Err(e) = manager.release().await {
-                                tracing::warn!(%lease, error = %crate::report(&e), "releasing the Lease failed; it expires by itself");
+                                tracing::warn!(%lease, error = %report(&e), "releasing the Lease failed; it expires by itself");
                             } else if was_leading {
                                 tracing::info!(%lease, %identity, "released the Lease");
                             }
@@ -189,7 +192,7 @@ impl Duty for Lease {
                                 self.set_leading(false);
                                 break backoff.failed(
                                     "leader election failed; not leading until it works again",
-                                    &format_args!("{lease}: {}", crate::report(&e)),
+                                    &format_args!("{lease}: {}", report(&e)),
                                 );
                             }
                         }
@@ -199,7 +202,7 @@ impl Duty for Lease {
                     self.set_leading(false);
                     backoff.failed(
                         "cannot set up the leader election",
-                        &format_args!("{lease}: {}", crate::report(&e)),
+                        &format_args!("{lease}: {}", report(&e)),
                     )
                 }
             };

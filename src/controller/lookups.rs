@@ -39,7 +39,7 @@ use tokio::task::AbortHandle;
 
 use super::duty::{Context, Duty};
 use super::rules::Snapshot;
-use super::{ControllerError, Readiness};
+use super::vocabulary::{ControllerError, Readiness};
 use crate::admission::state::Shared;
 use crate::engine::{LookupKind, LookupScope, LookupStore, RuleIndex, ScopeObjects};
 

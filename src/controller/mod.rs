@@ -22,13 +22,18 @@
 //!   change.
 //! - `gate` (folder): the gate controller. Watches the gated Pods and, per kind, what they
 //!   wait on; releases initium's scheduling gates (leader only) when the dependencies hold,
-//!   on timeout, or when the rule is gone. `state.rs` is its pure half (reverse index,
-//!   decisions, the release patch), `watch.rs` the dependency watches, `release.rs` the write.
+//!   on timeout, or when the rule is gone. `state/` is its pure half (the waiting Pods and
+//!   the reverse index, the dependency facts, the decisions), `watch.rs` the dependency
+//!   watches, `release.rs` the write (and the patch it writes), `telemetry.rs` its metrics.
 //! - [`discovery`]: which kinds the API server serves, and which initium never intercepts.
 //! - [`status`]: the `Ready` condition of every rule.
 //! - [`webhooks`]: the MutatingWebhookConfiguration and ValidatingWebhookConfiguration.
 //! - [`certificates`]: keeps the serving certificate and caBundle current ([`crate::tls`]
 //!   loads and reloads them), and the `initium_certificate_expiry_timestamp_seconds` gauge.
+//!
+//! This file is only the composition root ([`ControllerConfig`], [`run`]): a duty imports the
+//! words every duty shares from `vocabulary.rs` (the error, the stop and leader signals,
+//! readiness, the field manager), never from here, and gets its settings as arguments.
 //!
 //! **Adding a duty**: write `src/controller/<duty>.rs` (or a folder, as `gate/`) with a type
 //! that implements `duty::Duty` (`const NAME: &str = "gates"` and `async fn run(&mut self,
@@ -72,10 +77,11 @@ pub mod lookups;
 pub mod namespaces;
 pub mod rules;
 pub mod status;
+pub(crate) mod vocabulary;
 pub mod webhooks;
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -84,26 +90,12 @@ use crate::admission::state::Shared;
 use crate::api::FailurePolicy;
 use crate::tls::{Tls, TlsError, TlsSource};
 use duty::Supervisor;
-
-/// A hash of `salt` and `value` as JSON: tells whether a spec or a status is the same as one
-/// seen before without keeping a copy of it. Serializing a typed spec or status (string keys
-/// only) cannot fail.
-pub(crate) fn json_hash(salt: &Option<String>, value: &impl serde::Serialize) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    salt.hash(&mut hasher);
-    serde_json::to_vec(value)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
-}
+use vocabulary::{Leader, Readiness, Stop};
 
 pub use leader::LeaseSettings;
 pub use rules::Quotas;
-pub use webhooks::{WebhookEndpoint, webhook_timeout_seconds};
-
-/// The field manager of everything initium writes (server-side apply and status patches).
-pub const FIELD_MANAGER: &str = "initium";
+pub use vocabulary::{ControllerError, FIELD_MANAGER};
+pub use webhooks::{WebhookEndpoint, WebhookSettings, webhook_timeout_seconds};
 
 /// Settings of the controller part of `initium serve`. [`ControllerConfig::new`] gives the
 /// defaults; every field can be changed afterwards.
@@ -200,6 +192,18 @@ impl ControllerConfig {
         crate::tls::load(client, &self.namespace, names, &self.tls).await
     }
 
+    /// What the `webhooks` duty builds the two webhook configurations from.
+    pub fn webhook_settings(&self) -> WebhookSettings {
+        WebhookSettings {
+            namespace: self.namespace.clone(),
+            endpoint: self.endpoint.clone(),
+            excluded_namespaces: self.excluded_namespaces.clone(),
+            webhook_configuration: self.webhook_configuration.clone(),
+            rule_validation_policy: self.rule_validation_policy,
+            resync_interval: self.resync_interval,
+        }
+    }
+
     /// Checks what the API server would otherwise reject later, or what would panic.
     pub fn validate(&self) -> Result<(), ControllerError> {
         let config = |message: String| Err(ControllerError::Config(message));
@@ -231,61 +235,6 @@ impl ControllerConfig {
     }
 }
 
-/// What can stop the controller, or fail one of its calls, with the object and call involved.
-#[derive(Debug, thiserror::Error)]
-pub enum ControllerError {
-    /// The configuration cannot work; the message says which setting.
-    #[error("invalid configuration: {0}")]
-    Config(String),
-    /// A call to the API server failed.
-    #[error("cannot {action} {object}")]
-    Api {
-        /// What initium tried, e.g. `apply MutatingWebhookConfiguration`.
-        action: &'static str,
-        /// Which object, e.g. `initium` or `initium-system/initium-tls`.
-        object: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// The serving certificate could not be loaded or kept current.
-    #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// A duty of the controller ended unexpectedly.
-    #[error("controller task {task} stopped: {message}")]
-    Task { task: &'static str, message: String },
-    /// A duty failed again and again, restarts did not help: the controller stops.
-    #[error(
-        "the {duty} duty failed {failures} times in a row and restarts did not help (check that \
-         the API server is reachable and that initium's RBAC allows what the duty does); the \
-         last failure"
-    )]
-    Duty {
-        duty: &'static str,
-        failures: u32,
-        #[source]
-        source: Box<ControllerError>,
-    },
-}
-
-impl ControllerError {
-    /// Whether no retry can help: the configuration itself is wrong. The supervisor stops the
-    /// controller at once on such an error instead of restarting the duty.
-    pub fn is_fatal(&self) -> bool {
-        matches!(
-            self,
-            ControllerError::Config(_) | ControllerError::Tls(TlsError::Config(_))
-        )
-    }
-
-    fn api(action: &'static str, object: impl Into<String>, source: kube::Error) -> Self {
-        ControllerError::Api {
-            action,
-            object: object.into(),
-            source,
-        }
-    }
-}
-
 /// Runs the controller until `shutdown` completes: the watches that feed `shared` (rule
 /// index, Namespace labels, readiness), the leader election, and, while this replica holds
 /// the Lease, the writers (rule status, webhook configurations, certificate renewal). `tls`
@@ -311,7 +260,6 @@ pub async fn run(
     // controller's Events name the replica that wrote).
     let identity = config.lease.identity();
     config.lease.identity = Some(identity.clone());
-    let config = Arc::new(config);
     let (stop_tx, stop) = Stop::channel();
     let (leader_tx, leader) = watch::channel(false);
     let leader = Leader::new(leader);
@@ -326,7 +274,8 @@ pub async fn run(
     let mut duties = Supervisor::new(&shared.metrics, stop);
     duties.start(leader::Lease::new(
         client.clone(),
-        &config,
+        &config.namespace,
+        &config.lease,
         leader_tx,
         shared.metrics.leader.clone(),
     ));
@@ -385,7 +334,7 @@ pub async fn run(
     ));
     duties.start(webhooks::Webhooks::new(
         client,
-        config.clone(),
+        Arc::new(config.webhook_settings()),
         shared.config.budget,
         needs_rx,
         ca_bundle,
@@ -398,96 +347,4 @@ pub async fn run(
         shared.metrics.certificate_expiry.clone(),
     ));
     duties.run(shutdown, stop_tx).await
-}
-
-/// Tells the duties to stop: set once, on shutdown.
-#[derive(Clone, Debug)]
-pub(crate) struct Stop(watch::Receiver<bool>);
-
-impl Stop {
-    pub(crate) fn channel() -> (watch::Sender<bool>, Stop) {
-        let (tx, rx) = watch::channel(false);
-        (tx, Stop(rx))
-    }
-
-    /// Completes once shutdown has begun (or the controller is gone).
-    pub(crate) async fn wait(&mut self) {
-        let _ = self.0.wait_for(|stop| *stop).await;
-    }
-
-    pub(crate) fn is_set(&self) -> bool {
-        *self.0.borrow()
-    }
-
-    /// Sleeps for `duration`; returns `true` if shutdown began meanwhile.
-    pub(crate) async fn sleep(&mut self, duration: Duration) -> bool {
-        tokio::select! {
-            () = tokio::time::sleep(duration) => self.is_set(),
-            () = self.wait() => true,
-        }
-    }
-}
-
-/// Whether this replica holds the Lease now.
-#[derive(Clone, Debug)]
-pub(crate) struct Leader(watch::Receiver<bool>);
-
-impl Leader {
-    /// Follows what the [`leader`] duty publishes on the other end.
-    pub(crate) fn new(leading: watch::Receiver<bool>) -> Leader {
-        Leader(leading)
-    }
-
-    pub(crate) fn is_leader(&self) -> bool {
-        *self.0.borrow()
-    }
-
-    /// Completes when leadership changes (never, once the election has stopped).
-    pub(crate) async fn changed(&mut self) {
-        if self.0.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-/// `/readyz` turns ready once every watch has listed everything once.
-pub(crate) struct Readiness {
-    shared: Arc<Shared>,
-    pending: Mutex<Vec<&'static str>>,
-}
-
-impl Readiness {
-    pub(crate) const NAMESPACES: &'static str = "Namespaces";
-    pub(crate) const CLUSTER_RULES: &'static str = "ClusterMutationRules";
-    pub(crate) const RULES: &'static str = "MutationRules";
-    pub(crate) const DISCOVERY: &'static str = "discovery";
-    pub(crate) const GATED_PODS: &'static str = "gated Pods";
-    pub(crate) const LOOKUPS: &'static str = "lookups";
-
-    fn new(shared: Arc<Shared>) -> Readiness {
-        Readiness {
-            shared,
-            pending: Mutex::new(vec![
-                Self::NAMESPACES,
-                Self::CLUSTER_RULES,
-                Self::RULES,
-                Self::DISCOVERY,
-                Self::GATED_PODS,
-                Self::LOOKUPS,
-            ]),
-        }
-    }
-
-    /// `part` has been listed completely; once all have, the replica is ready.
-    pub(crate) fn done(&self, part: &'static str) {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        let before = pending.len();
-        pending.retain(|p| *p != part);
-        if before > 0 && pending.is_empty() {
-            self.shared.mark_synced();
-            tracing::info!(
-                "rules, Namespaces, discovery, gated Pods and lookups are synced: ready"
-            );
-        }
-    }
 }

@@ -10,7 +10,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 use super::duty::{Context, Duty};
-use super::{ControllerError, Readiness};
+use super::vocabulary::{ControllerError, Readiness};
 use crate::admission::state::{NamespaceLabels, Shared};
 
 /// Applies watch events to a copy of the labels; says whether anything changed.

@@ -23,8 +23,8 @@ use tokio::time::Instant;
 
 use super::discovery::Served;
 use super::duty::{Context, Duty};
+use super::vocabulary::{ControllerError, READY, Readiness, json_hash};
 use super::webhooks::{Inputs, RuleNeeds};
-use super::{ControllerError, Readiness, json_hash};
 use crate::admission::state::Shared;
 use crate::api::{ClusterMutationRule, MutationRule, RuleSpec, RuleStatus};
 use crate::engine::{
@@ -386,7 +386,7 @@ fn holds_quota(entry: &Entry) -> bool {
             && status
                 .conditions
                 .iter()
-                .any(|c| c.type_ == super::status::READY && c.status == "True")
+                .any(|c| c.type_ == READY && c.status == "True")
     });
     status_ready || (entry.judged && view.verdict.is_ready())
 }

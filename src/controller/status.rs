@@ -34,13 +34,12 @@ use tokio::sync::watch;
 
 use super::duty::{Context, Duty};
 use super::rules::{RuleView, Snapshot, Verdict};
+use super::vocabulary::{ControllerError, FIELD_MANAGER, Leader, READY, json_hash};
 use super::webhooks::Inputs;
-use super::{ControllerError, FIELD_MANAGER, Leader};
 use crate::api::{ClusterMutationRule, MutationRule, RuleStatus};
 use crate::engine::RuleId;
+use crate::report::report;
 
-/// The condition type initium writes.
-pub const READY: &str = "Ready";
 /// The condition kstatus reads as "failed": written beside `Ready=False` while the rule cannot
 /// become Ready without a change to its spec, removed otherwise.
 pub const STALLED: &str = "Stalled";
@@ -167,7 +166,7 @@ async fn write(client: &Client, view: &RuleView, status: &RuleStatus) -> Result<
 
 /// A status written over a resourceVersion, hashed.
 fn fingerprint(view: &RuleView, status: &RuleStatus) -> u64 {
-    super::json_hash(&view.resource_version, status)
+    json_hash(&view.resource_version, status)
 }
 
 /// The `status` duty: while this replica holds the Lease, brings every rule's status in line
@@ -311,7 +310,7 @@ impl Duty for Status {
                     }
                     Err(e) => {
                         failed += 1;
-                        tracing::warn!(rule = %view.id.describe(), error = %crate::report(&e), "writing the rule status failed");
+                        tracing::warn!(rule = %view.id.describe(), error = %report(&e), "writing the rule status failed");
                     }
                 }
             }

@@ -40,10 +40,11 @@ use tokio::sync::watch;
 
 use super::discovery::Served;
 use super::duty::{Context, Duty};
-use super::{ControllerConfig, ControllerError, FIELD_MANAGER, Leader};
+use super::vocabulary::{ControllerError, FIELD_MANAGER, Leader};
 use crate::admission::{MUTATE_PATH, VALIDATE_PATH};
 use crate::api::{FailurePolicy, GROUP, Operation, VERSION};
 use crate::engine::{CompiledRule, KindPattern};
+use crate::report::report;
 
 /// Name of the webhook for rules with `failurePolicy: Fail`.
 pub const FAIL_WEBHOOK: &str = "fail.initium.dev";
@@ -277,8 +278,26 @@ fn webhook_rules(coverage: &Coverage) -> Vec<RuleWithOperations> {
         .collect()
 }
 
+/// What the two webhook configurations are made of besides the rules: the part of the
+/// controller's configuration this duty reads (`ControllerConfig::webhook_settings`).
+#[derive(Clone, Debug)]
+pub struct WebhookSettings {
+    /// initium's own namespace: its objects are never sent.
+    pub namespace: String,
+    /// Where the API server sends admission requests.
+    pub endpoint: WebhookEndpoint,
+    /// Namespaces whose objects are never sent, besides initium's own.
+    pub excluded_namespaces: Vec<String>,
+    /// Name of the MutatingWebhookConfiguration and of the ValidatingWebhookConfiguration.
+    pub webhook_configuration: String,
+    /// What the API server does with a rule when initium cannot validate it.
+    pub rule_validation_policy: FailurePolicy,
+    /// How often the stored configurations are compared even when nothing changed.
+    pub resync_interval: Duration,
+}
+
 /// Namespaces whose requests are never sent: initium's own and the excluded ones, sorted.
-fn excluded_namespaces(config: &ControllerConfig) -> Vec<String> {
+fn excluded_namespaces(config: &WebhookSettings) -> Vec<String> {
     let mut names: BTreeSet<String> = config.excluded_namespaces.iter().cloned().collect();
     names.insert(config.namespace.clone());
     names.retain(|n| !n.is_empty());
@@ -298,7 +317,7 @@ fn labels() -> BTreeMap<String, String> {
 /// The MutatingWebhookConfiguration for the Ready rules. Every field the API server would
 /// default is set, so the result compares equal to what the API server stores.
 pub fn desired_mutating(
-    config: &ControllerConfig,
+    config: &WebhookSettings,
     budget: Duration,
     ca_bundle: Option<&[u8]>,
     rules: &[RuleNeeds],
@@ -453,7 +472,7 @@ fn not_sent_to_fail_webhook(
 /// namespace are validated, initium's own and excluded namespaces included: validating a
 /// rule changes nothing, and a rule there is harmless anyway (its objects are never sent).
 pub fn desired_validating(
-    config: &ControllerConfig,
+    config: &WebhookSettings,
     ca_bundle: Option<&[u8]>,
 ) -> ValidatingWebhookConfiguration {
     ValidatingWebhookConfiguration {
@@ -593,7 +612,7 @@ where
 /// rule Ready.
 pub(crate) struct Webhooks {
     client: Client,
-    config: Arc<ControllerConfig>,
+    config: Arc<WebhookSettings>,
     budget: Duration,
     needs: watch::Receiver<Arc<Inputs>>,
     ca_bundle: watch::Receiver<Option<Vec<u8>>>,
@@ -604,7 +623,7 @@ pub(crate) struct Webhooks {
 impl Webhooks {
     pub(crate) fn new(
         client: Client,
-        config: Arc<ControllerConfig>,
+        config: Arc<WebhookSettings>,
         budget: Duration,
         needs: watch::Receiver<Arc<Inputs>>,
         ca_bundle: watch::Receiver<Option<Vec<u8>>>,
@@ -699,10 +718,8 @@ impl Duty for Webhooks {
                     }
                 }
                 Err(e) => {
-                    wait = backoff.failed(
-                        "updating the webhook configurations failed",
-                        &crate::report(&e),
-                    );
+                    wait =
+                        backoff.failed("updating the webhook configurations failed", &report(&e));
                 }
             }
         }
@@ -715,8 +732,8 @@ mod tests {
     use super::*;
     use crate::controller::discovery::tests::served;
 
-    fn config() -> ControllerConfig {
-        ControllerConfig::new(
+    fn config() -> WebhookSettings {
+        crate::controller::ControllerConfig::new(
             "initium-system",
             WebhookEndpoint::Service {
                 name: "initium".into(),
@@ -724,6 +741,7 @@ mod tests {
                 port: 443,
             },
         )
+        .webhook_settings()
     }
 
     fn needs(kinds: &[&str], operations: &[Operation], policy: FailurePolicy) -> RuleNeeds {

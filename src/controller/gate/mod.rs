@@ -31,6 +31,7 @@
 
 pub(crate) mod release;
 pub(crate) mod state;
+mod telemetry;
 pub(crate) mod watch;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -51,13 +52,15 @@ use self::release::{Done, Events, Outcome, Plan};
 use self::state::{
     GatedPod, Gates as GateRules, PodEvent, PodKey, Reason, Verdict, Waiting, World,
 };
+use self::telemetry::Telemetry;
 use self::watch::{KindEvent, KindUpdate, Watches};
 use super::duty::{Context, Duty};
 use super::rules::Snapshot;
-use super::{ControllerError, FIELD_MANAGER, Leader, Readiness};
+use super::vocabulary::{ControllerError, FIELD_MANAGER, Leader, Readiness};
 use crate::admission::state::Shared;
 use crate::api::GATED_LABEL;
 use crate::engine::RuleIndex;
+use crate::report::report;
 
 /// How often the duty looks whether the rule index is complete, until it is (in memory).
 const SYNC_CHECK: Duration = Duration::from_millis(100);
@@ -114,6 +117,7 @@ struct Releasable {
 struct Run<'a> {
     client: Client,
     shared: &'a Shared,
+    telemetry: Telemetry<'a>,
     world: &'a mut World,
     leader: Leader,
     events: Events,
@@ -163,6 +167,7 @@ impl Duty for Gates {
         let mut run = Run {
             client: client.clone(),
             shared,
+            telemetry: Telemetry(&shared.metrics),
             world,
             leader: leader.clone(),
             events: Events::start(Recorder::new(client.clone(), reporter), writing_rx),
@@ -302,18 +307,7 @@ impl Duty for Gates {
                 run.judge(dirty, received);
                 run.sync_watches();
             }
-            run.shared
-                .metrics
-                .gated_pods
-                .set(i64::try_from(run.waiting.waiting()).unwrap_or(i64::MAX));
-            run.shared
-                .metrics
-                .gate_objects
-                .set(i64::try_from(run.world.objects()).unwrap_or(i64::MAX));
-            run.shared
-                .metrics
-                .gate_object_bytes
-                .set(i64::try_from(run.world.object_bytes()).unwrap_or(i64::MAX));
+            run.telemetry.holding(&run.waiting, run.world);
             if leader.is_leader() {
                 run.dispatch();
             }
@@ -344,12 +338,8 @@ impl Run<'_> {
             let unlabel = entry.pod.labeled && entry.pod.initium_gates().next().is_none();
             self.waiting.set_keys(&key, verdict.keys.clone());
             self.waiting.set_deadline(&key, verdict.deadline);
-            if !verdict.newly_held.is_empty()
-                && let Some(entry) = self.waiting.get_mut(&key)
-            {
-                for held in &verdict.newly_held {
-                    entry.held.insert(held.gate.clone(), false);
-                }
+            if let Some(entry) = self.waiting.get_mut(&key) {
+                entry.hold(&verdict);
             }
             if verdict.is_release() || unlabel {
                 let ready = verdict.release.iter().any(|r| r.reason == Reason::Ready);
@@ -406,7 +396,6 @@ impl Run<'_> {
             self.writes.spawn(release::release(
                 self.client.clone(),
                 self.events.clone(),
-                self.shared.metrics.gate_write_conflicts.clone(),
                 plan,
             ));
         }
@@ -417,9 +406,11 @@ impl Run<'_> {
 
     /// A write ended: metrics, and what to remember.
     fn done(&mut self, done: Done) {
-        let Done { key, plan, outcome } = done;
+        self.telemetry.written(&done);
+        let Done {
+            key, plan, outcome, ..
+        } = done;
         self.in_flight.remove(&key);
-        let metrics = &self.shared.metrics;
         match outcome {
             Outcome::Released { over } => {
                 self.backoff.succeeded();
@@ -427,25 +418,8 @@ impl Run<'_> {
                     entry.written = Some(over);
                 }
                 self.releasable.remove(&key);
-                for release in &plan.releases {
-                    metrics.gate_released(release.reason.label());
-                    if release.reason == Reason::Timeout {
-                        metrics.gate_timed_out("Release");
-                    }
-                }
                 if plan.releases.is_empty() {
                     return;
-                }
-                if let Some(created) = plan.pod.created {
-                    let waited = Timestamp::now().duration_since(created);
-                    metrics.gate_wait.observe(waited.as_secs_f64().max(0.0));
-                }
-                if let Some(trigger) = plan.trigger
-                    && plan.releases.iter().any(|r| r.reason == Reason::Ready)
-                {
-                    metrics
-                        .gate_release_latency
-                        .observe(trigger.elapsed().as_secs_f64());
                 }
                 let gates: Vec<&str> = plan.releases.iter().map(|r| r.gate.as_str()).collect();
                 tracing::info!(duty = "gates", pod = %key, gates = ?gates, "released");
@@ -472,7 +446,7 @@ impl Run<'_> {
                 &format!(
                     "releasing the gates of Pod {} failed: {}; retrying",
                     plan.pod.key,
-                    crate::report(&e)
+                    report(&e)
                 ),
             ),
         }
@@ -487,39 +461,13 @@ impl Run<'_> {
         self.retry_at = Some(self.retry_at.map_or(at, |r| r.min(at)));
     }
 
-    /// Publishes the `GateTimedOut` events of held gates not published yet (leader only).
+    /// Publishes the `GateTimedOut` events of held gates not published yet (leader only),
+    /// with what they wait for as last judged.
     fn publish_held(&mut self) {
-        let keys: Vec<PodKey> = self.waiting.keys().cloned().collect();
-        let now = Timestamp::now();
-        for key in keys {
-            let Some(entry) = self.waiting.get_mut(&key) else {
-                continue;
-            };
-            let unsent: Vec<String> = entry
-                .held
-                .iter()
-                .filter(|(_, sent)| !**sent)
-                .map(|(g, _)| g.clone())
-                .collect();
-            if unsent.is_empty() {
-                continue;
-            }
-            let pod = entry.pod.clone();
-            for gate in &unsent {
-                entry.held.insert(gate.clone(), true);
-            }
-            // The details (what it still waits for) as judged now.
-            let mut held_before = entry.held_gates();
-            for gate in &unsent {
-                held_before.remove(gate);
-            }
-            let verdict = state::judge(&pod, &self.rules, self.world, &held_before, now);
-            for held in verdict.newly_held {
-                if !unsent.contains(&held.gate) {
-                    continue;
-                }
-                self.shared.metrics.gate_timed_out("Hold");
-                self.events.held(pod.clone(), held);
+        for entry in self.waiting.entries_mut() {
+            for held in entry.take_unsent() {
+                self.telemetry.held();
+                self.events.held(entry.pod.clone(), held);
             }
         }
     }

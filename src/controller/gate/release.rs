@@ -7,16 +7,20 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{
+    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, Pod,
+};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client};
-use prometheus_client::metrics::counter::Counter;
+use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
 
-use super::state::{GatedPod, Held, PodKey, Reason, Release, release_patch, unlabel_patch};
-use crate::controller::FIELD_MANAGER;
+use super::state::{GatedPod, Held, PodKey, Reason, Release};
+use crate::api::{GATE_PREFIX, GATED_LABEL};
+use crate::controller::vocabulary::FIELD_MANAGER;
+use crate::report::report;
 
 /// Attempts per release: the first write and up to four after a 409.
 pub(crate) const MAX_ATTEMPTS: u32 = 5;
@@ -38,13 +42,82 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn patch(&self, pod: &GatedPod) -> Option<serde_json::Value> {
+    /// The merge patch of this release over `pod` as last seen; `None`: nothing left to write.
+    fn patch(&self, pod: &GatedPod) -> Option<Value> {
         if self.releases.is_empty() {
             return unlabel_patch(pod);
         }
         let remove: Vec<String> = self.releases.iter().map(|r| r.gate.clone()).collect();
         release_patch(pod, &remove, self.nodes.as_ref())
     }
+}
+
+/// The merge patch that removes `remove` from the Pod as `pod` shows it, or `None` when
+/// none of them is on it any more (someone released them already). It carries the
+/// resourceVersion (a stale view gets 409), keeps every other gate in order, drops the
+/// `initium.dev/gated` label once no initium gate remains, and narrows the required node
+/// affinity to `nodes` (see [`narrow`]).
+fn release_patch(
+    pod: &GatedPod,
+    remove: &[String],
+    nodes: Option<&BTreeSet<String>>,
+) -> Option<Value> {
+    if !pod.gates.iter().any(|g| remove.contains(g)) {
+        return None;
+    }
+    let remaining: Vec<&String> = pod.gates.iter().filter(|g| !remove.contains(g)).collect();
+    let mut metadata = json!({"resourceVersion": pod.resource_version});
+    if pod.labeled && !remaining.iter().any(|g| g.starts_with(GATE_PREFIX)) {
+        metadata["labels"] = json!({ GATED_LABEL: null });
+    }
+    let gates = if remaining.is_empty() {
+        Value::Null
+    } else {
+        remaining.iter().map(|g| json!({"name": g})).collect()
+    };
+    let mut spec = json!({"schedulingGates": gates});
+    if let Some(nodes) = nodes {
+        let narrowed = narrow(pod.node_affinity.clone(), nodes);
+        spec["affinity"] = json!({"nodeAffinity": narrowed});
+    }
+    Some(json!({"metadata": metadata, "spec": spec}))
+}
+
+/// A patch that only drops the `initium.dev/gated` label from a Pod that has no initium gate
+/// left (someone else removed it), so it leaves the watch.
+fn unlabel_patch(pod: &GatedPod) -> Option<Value> {
+    (pod.labeled && pod.initium_gates().next().is_none()).then(|| {
+        json!({"metadata": {"resourceVersion": pod.resource_version, "labels": {GATED_LABEL: null}}})
+    })
+}
+
+/// `affinity` with its required terms narrowed to `nodes`: one term
+/// `matchFields: metadata.name In nodes` when there is none, else that requirement added to
+/// every term (terms are ORed, so each must carry it). Everything else is kept; for a gated
+/// Pod the API server allows exactly such additions.
+fn narrow(affinity: Option<NodeAffinity>, nodes: &BTreeSet<String>) -> NodeAffinity {
+    let requirement = NodeSelectorRequirement {
+        key: "metadata.name".into(),
+        operator: "In".into(),
+        values: Some(nodes.iter().cloned().collect()),
+    };
+    let mut affinity = affinity.unwrap_or_default();
+    let required = affinity
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(NodeSelector::default);
+    if required.node_selector_terms.is_empty() {
+        required.node_selector_terms.push(NodeSelectorTerm {
+            match_expressions: None,
+            match_fields: Some(vec![requirement]),
+        });
+    } else {
+        for term in &mut required.node_selector_terms {
+            term.match_fields
+                .get_or_insert_with(Vec::new)
+                .push(requirement.clone());
+        }
+    }
+    affinity
 }
 
 /// How a release ended.
@@ -72,15 +145,12 @@ pub(crate) struct Done {
     pub key: PodKey,
     pub plan: Plan,
     pub outcome: Outcome,
+    /// 409s met on the way (`initium_gate_write_conflicts_total`).
+    pub conflicts: u32,
 }
 
 /// Writes one release (see the module documentation); publishes its events once written.
-pub(crate) async fn release(
-    client: Client,
-    events: Events,
-    conflicts: Counter,
-    plan: Plan,
-) -> Done {
+pub(crate) async fn release(client: Client, events: Events, plan: Plan) -> Done {
     let key = plan.pod.key.clone();
     let api = Api::<Pod>::namespaced(client, &key.namespace);
     let params = PatchParams {
@@ -89,6 +159,7 @@ pub(crate) async fn release(
     };
     let mut view = plan.pod.clone();
     let mut outcome = Outcome::Conflicted;
+    let mut conflicts = 0;
     for _ in 0..MAX_ATTEMPTS {
         let Some(patch) = plan.patch(&view) else {
             outcome = Outcome::AlreadyReleased {
@@ -108,7 +179,7 @@ pub(crate) async fn release(
                 break;
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                conflicts.inc();
+                conflicts += 1;
                 match api.get(&key.name).await {
                     Ok(pod) => match GatedPod::of(&pod) {
                         Some(fresh) if fresh.uid == plan.pod.uid => view = fresh,
@@ -136,7 +207,12 @@ pub(crate) async fn release(
     if matches!(outcome, Outcome::Released { .. }) {
         events.released(&plan);
     }
-    Done { key, plan, outcome }
+    Done {
+        key,
+        plan,
+        outcome,
+        conflicts,
+    }
 }
 
 /// Events go out after the writes, from a queue of their own, a few at a time and only while
@@ -328,8 +404,148 @@ async fn publish(
             duty = "gates",
             pod = %pod.key,
             reason,
-            error = %crate::report(&error),
+            error = %report(&error),
             "publishing an event on the Pod failed; the gate itself is not affected"
+        );
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PreferredSchedulingTerm;
+
+    fn pod(name: &str, gates: &[&str]) -> GatedPod {
+        GatedPod {
+            key: PodKey {
+                namespace: "shop".into(),
+                name: name.into(),
+            },
+            uid: format!("uid-{name}"),
+            resource_version: "10".into(),
+            created: None,
+            gates: gates.iter().map(|g| g.to_string()).collect(),
+            labeled: true,
+            node_affinity: None,
+        }
+    }
+
+    #[test]
+    fn the_release_patch_keeps_foreign_gates_in_order_and_drops_the_label_with_the_last_gate() {
+        let p = pod(
+            "web-1",
+            &[
+                "example.com/a",
+                "initium.dev/shop.x",
+                "example.com/b",
+                "initium.dev/cluster.y",
+            ],
+        );
+        let one = release_patch(&p, &["initium.dev/shop.x".into()], None).unwrap();
+        assert_eq!(
+            one,
+            json!({
+                "metadata": {"resourceVersion": "10"},
+                "spec": {"schedulingGates": [
+                    {"name": "example.com/a"}, {"name": "example.com/b"}, {"name": "initium.dev/cluster.y"}
+                ]},
+            }),
+            "an initium gate remains: the label stays"
+        );
+        let both = release_patch(
+            &p,
+            &["initium.dev/shop.x".into(), "initium.dev/cluster.y".into()],
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            both,
+            json!({
+                "metadata": {"resourceVersion": "10", "labels": {GATED_LABEL: null}},
+                "spec": {"schedulingGates": [{"name": "example.com/a"}, {"name": "example.com/b"}]},
+            })
+        );
+        let only = pod("web-2", &["initium.dev/shop.x"]);
+        assert_eq!(
+            release_patch(&only, &["initium.dev/shop.x".into()], None).unwrap(),
+            json!({
+                "metadata": {"resourceVersion": "10", "labels": {GATED_LABEL: null}},
+                "spec": {"schedulingGates": null},
+            })
+        );
+        assert_eq!(
+            release_patch(&p, &["initium.dev/shop.gone".into()], None),
+            None,
+            "already released: nothing to write"
+        );
+        assert_eq!(unlabel_patch(&p), None);
+        assert_eq!(
+            unlabel_patch(&pod("web-3", &["example.com/a"])),
+            Some(json!({"metadata": {"resourceVersion": "10", "labels": {GATED_LABEL: null}}}))
+        );
+    }
+
+    #[test]
+    fn narrowing_adds_one_term_when_there_is_none_and_extends_every_term_otherwise() {
+        let nodes = BTreeSet::from(["n1".to_string(), "n2".to_string()]);
+        let mut p = pod("web-1", &["initium.dev/cluster.same-node"]);
+        let patch = release_patch(&p, &p.gates.clone(), Some(&nodes)).unwrap();
+        assert_eq!(
+            patch["spec"]["affinity"],
+            json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}
+                ]}]
+            }}})
+        );
+
+        let affinity: NodeAffinity = serde_json::from_value(json!({
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}],
+                 "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n9"]}]},
+            ]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "preference": {"matchExpressions": [{"key": "ssd", "operator": "Exists"}]}}
+            ],
+        }))
+        .unwrap();
+        p.node_affinity = Some(affinity.clone());
+        let patch = release_patch(&p, &p.gates.clone(), Some(&nodes)).unwrap();
+        let narrowed: NodeAffinity =
+            serde_json::from_value(patch["spec"]["affinity"]["nodeAffinity"].clone()).unwrap();
+        let terms = &narrowed
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms;
+        let original = &affinity
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 2, "no term added");
+        let wanted = NodeSelectorRequirement {
+            key: "metadata.name".into(),
+            operator: "In".into(),
+            values: Some(vec!["n1".into(), "n2".into()]),
+        };
+        for (term, before) in terms.iter().zip(original) {
+            assert_eq!(term.match_expressions, before.match_expressions);
+            let fields = term.match_fields.as_deref().unwrap();
+            assert_eq!(fields.last(), Some(&wanted), "added to every term");
+            assert_eq!(
+                &fields[..fields.len() - 1],
+                before.match_fields.as_deref().unwrap_or_default(),
+                "what was there stays, first"
+            );
+        }
+        let preferred: Option<Vec<PreferredSchedulingTerm>> =
+            narrowed.preferred_during_scheduling_ignored_during_execution;
+        assert_eq!(
+            preferred, affinity.preferred_during_scheduling_ignored_during_execution,
+            "the whole nodeAffinity is sent (a merge patch replaces lists), so the rest is kept"
         );
     }
 }

@@ -25,6 +25,7 @@ use tokio::task::AbortHandle;
 use super::state::{Fact, ObjectKind, ObjectRef, Update, WatchKind};
 use crate::controller::duty::Context;
 use crate::engine::Reads;
+use crate::report::report;
 
 /// The label that ties an EndpointSlice to its Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -262,7 +263,7 @@ async fn discover(client: &Client, kind: &ObjectKind, context: &Context) -> (Api
                      retrying discovery with backoff",
                     kind.api_version, kind.kind
                 );
-                let wait = backoff.failed(&what, &crate::report(&e));
+                let wait = backoff.failed(&what, &report(&e));
                 tokio::time::sleep(wait).await;
             }
         }

@@ -1,7 +1,16 @@
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::world::DepKey;
 use super::*;
+use crate::api::GATED_LABEL;
 use crate::api::RuleSpec;
 use crate::engine::compile;
-use k8s_openapi::api::core::v1::PreferredSchedulingTerm;
+use crate::engine::{Dependency, Reads, RuleId, RuleIndex};
 
 const NS: &str = "shop";
 
@@ -271,6 +280,64 @@ fn a_timeout_releases_with_release_and_holds_once_with_hold() {
         ],
         "both in one write, in the Pod's order"
     );
+}
+
+#[test]
+fn a_held_gates_event_tells_what_it_waits_for_as_last_judged_and_goes_out_once() {
+    let hold = rule(
+        RuleId::namespaced(NS, "h"),
+        json!({"waitFor": [{"service": {"name": "cache"}}, {"service": {"name": "db"}}],
+               "timeout": "30s", "onTimeout": "Hold"}),
+    );
+    let gates = gates(std::slice::from_ref(&hold));
+    let p = pod("web-1", &[&gate_of(&hold)]);
+    let mut waiting = Waiting::default();
+    waiting.apply(PodEvent::Apply(p.clone()));
+    let mut world = World::default();
+    // Judged once per change; the event is built from that judgement, not from another.
+    let judge_now = |waiting: &mut Waiting, world: &World, at: i64| {
+        let entry = waiting.get_mut(&p.key).unwrap();
+        let verdict = judge(&p, &gates, world, &entry.held_gates(), ts(at));
+        entry.hold(&verdict);
+    };
+
+    judge_now(&mut waiting, &world, 30);
+    // A follower: the event waits, and is refreshed when the Pod is judged again.
+    world.apply(
+        &WatchKind::EndpointSlices,
+        Update::Apply(slice("cache", "c", 1)),
+    );
+    judge_now(&mut waiting, &world, 31);
+    let entry = waiting.get_mut(&p.key).unwrap();
+    let unsent = entry.take_unsent();
+    assert_eq!(unsent.len(), 1);
+    assert_eq!(unsent[0].gate, gate_of(&hold));
+    assert_eq!(unsent[0].pending, ["Service shop/db"], "as last judged");
+    assert!(entry.take_unsent().is_empty(), "out once");
+    judge_now(&mut waiting, &world, 40);
+    let entry = waiting.get_mut(&p.key).unwrap();
+    assert!(entry.take_unsent().is_empty(), "still held, not told again");
+
+    // Held, then ready before the event went out: nothing to tell.
+    let q = pod("web-2", &[&gate_of(&hold)]);
+    waiting.apply(PodEvent::Apply(q.clone()));
+    let mut world = World::default();
+    let entry = waiting.get_mut(&q.key).unwrap();
+    let verdict = judge(&q, &gates, &world, &entry.held_gates(), ts(30));
+    entry.hold(&verdict);
+    for (service, slice_name) in [("cache", "c"), ("db", "d")] {
+        world.apply(
+            &WatchKind::EndpointSlices,
+            Update::Apply(slice(service, slice_name, 1)),
+        );
+    }
+    let verdict = judge(&q, &gates, &world, &entry.held_gates(), ts(31));
+    assert_eq!(
+        reasons(&verdict),
+        [(gate_of(&hold).as_str(), Reason::Ready)]
+    );
+    entry.hold(&verdict);
+    assert!(entry.take_unsent().is_empty());
 }
 
 #[test]
@@ -643,124 +710,6 @@ fn daemon_sets_ready_on_no_common_node_keep_the_pod_waiting() {
 }
 
 #[test]
-fn the_release_patch_keeps_foreign_gates_in_order_and_drops_the_label_with_the_last_gate() {
-    let p = pod(
-        "web-1",
-        &[
-            "example.com/a",
-            "initium.dev/shop.x",
-            "example.com/b",
-            "initium.dev/cluster.y",
-        ],
-    );
-    let one = release_patch(&p, &["initium.dev/shop.x".into()], None).unwrap();
-    assert_eq!(
-        one,
-        json!({
-            "metadata": {"resourceVersion": "10"},
-            "spec": {"schedulingGates": [
-                {"name": "example.com/a"}, {"name": "example.com/b"}, {"name": "initium.dev/cluster.y"}
-            ]},
-        }),
-        "an initium gate remains: the label stays"
-    );
-    let both = release_patch(
-        &p,
-        &["initium.dev/shop.x".into(), "initium.dev/cluster.y".into()],
-        None,
-    )
-    .unwrap();
-    assert_eq!(
-        both,
-        json!({
-            "metadata": {"resourceVersion": "10", "labels": {GATED_LABEL: null}},
-            "spec": {"schedulingGates": [{"name": "example.com/a"}, {"name": "example.com/b"}]},
-        })
-    );
-    let only = pod("web-2", &["initium.dev/shop.x"]);
-    assert_eq!(
-        release_patch(&only, &["initium.dev/shop.x".into()], None).unwrap(),
-        json!({
-            "metadata": {"resourceVersion": "10", "labels": {GATED_LABEL: null}},
-            "spec": {"schedulingGates": null},
-        })
-    );
-    assert_eq!(
-        release_patch(&p, &["initium.dev/shop.gone".into()], None),
-        None,
-        "already released: nothing to write"
-    );
-    assert_eq!(unlabel_patch(&p), None);
-    assert_eq!(
-        unlabel_patch(&pod("web-3", &["example.com/a"])),
-        Some(json!({"metadata": {"resourceVersion": "10", "labels": {GATED_LABEL: null}}}))
-    );
-}
-
-#[test]
-fn narrowing_adds_one_term_when_there_is_none_and_extends_every_term_otherwise() {
-    let nodes = BTreeSet::from(["n1".to_string(), "n2".to_string()]);
-    let mut p = pod("web-1", &["initium.dev/cluster.same-node"]);
-    let patch = release_patch(&p, &p.gates.clone(), Some(&nodes)).unwrap();
-    assert_eq!(
-        patch["spec"]["affinity"],
-        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}
-            ]}]
-        }}})
-    );
-
-    let affinity: NodeAffinity = serde_json::from_value(json!({
-        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
-            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}],
-             "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n9"]}]},
-        ]},
-        "preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 1, "preference": {"matchExpressions": [{"key": "ssd", "operator": "Exists"}]}}
-        ],
-    }))
-    .unwrap();
-    p.node_affinity = Some(affinity.clone());
-    let patch = release_patch(&p, &p.gates.clone(), Some(&nodes)).unwrap();
-    let narrowed: NodeAffinity =
-        serde_json::from_value(patch["spec"]["affinity"]["nodeAffinity"].clone()).unwrap();
-    let terms = &narrowed
-        .required_during_scheduling_ignored_during_execution
-        .as_ref()
-        .unwrap()
-        .node_selector_terms;
-    let original = &affinity
-        .required_during_scheduling_ignored_during_execution
-        .as_ref()
-        .unwrap()
-        .node_selector_terms;
-    assert_eq!(terms.len(), 2, "no term added");
-    let wanted = NodeSelectorRequirement {
-        key: "metadata.name".into(),
-        operator: "In".into(),
-        values: Some(vec!["n1".into(), "n2".into()]),
-    };
-    for (term, before) in terms.iter().zip(original) {
-        assert_eq!(term.match_expressions, before.match_expressions);
-        let fields = term.match_fields.as_deref().unwrap();
-        assert_eq!(fields.last(), Some(&wanted), "added to every term");
-        assert_eq!(
-            &fields[..fields.len() - 1],
-            before.match_fields.as_deref().unwrap_or_default(),
-            "what was there stays, first"
-        );
-    }
-    let preferred: Option<Vec<PreferredSchedulingTerm>> =
-        narrowed.preferred_during_scheduling_ignored_during_execution;
-    assert_eq!(
-        preferred, affinity.preferred_during_scheduling_ignored_during_execution,
-        "the whole nodeAffinity is sent (a merge patch replaces lists), so the rest is kept"
-    );
-}
-
-#[test]
 fn the_reverse_index_finds_the_pods_a_change_concerns_and_the_kinds_to_watch() {
     let mut waiting = Waiting::default();
     let a = pod("a", &["initium.dev/shop.x"]);
@@ -842,7 +791,7 @@ fn a_recreated_pod_of_the_same_name_starts_over() {
     let a = pod("a", &["initium.dev/shop.x"]);
     waiting.apply(PodEvent::Apply(a.clone()));
     let entry = waiting.get_mut(&a.key).unwrap();
-    entry.held.insert("initium.dev/shop.x".into(), true);
+    entry.held.insert("initium.dev/shop.x".into(), None);
     entry.written = Some("10".into());
     let mut again = a.clone();
     again.uid = "another".into();
