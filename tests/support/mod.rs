@@ -14,6 +14,7 @@
 //! - [`workloads`]: a whole cluster (`up --nodes 3`: controller manager, scheduler, kwok
 //!   nodes) for a test binary, and waits for Deployments, Jobs, Pods and endpoints;
 //! - [`serving`]: `initium serve` beside the whole cluster, and rules applied until Ready;
+//! - [`https`]: a self-signed certificate for `localhost`, and a TLS client trusting it;
 //! - [`serial`]: the one guard that runs a binary's tests one at a time;
 //! - [`fixtures`]: the Pod and rules the benchmarks measure;
 //! - [`measure`]: memory, latency percentiles, the machine.
@@ -24,6 +25,7 @@
 
 pub mod cluster;
 pub mod fixtures;
+pub mod https;
 pub mod measure;
 pub mod plane;
 pub mod process;
