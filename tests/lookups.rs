@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use support::commands::kubectl_try;
 use support::serving::Serving;
 use support::{Plane, eventually, install_crds, namespace, serial, unique};
 
@@ -23,14 +24,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// `kubectl <args> -f -` with `yaml`: (succeeded, stdout, stderr).
 fn kubectl_with(args: &[&str], yaml: &str) -> (bool, String, String) {
     let args: Vec<&str> = args.iter().copied().chain(["-f", "-"]).collect();
-    let out = Plane::shared()
-        .kubectl_stdin(&args, yaml)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    kubectl_try(&args, Some(yaml))
 }
 
 /// Applies a rule of either kind and waits until its status says this generation is Ready.

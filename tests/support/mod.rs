@@ -9,6 +9,8 @@
 //!   and stopped when the binary exits, or `INITIUM_TEST_KUBECONFIG`; [`Plane::up`] for a
 //!   plane of one's own), kubectl and a client for it, and helm (no cluster needed);
 //! - [`cluster`]: unique names and namespaces, `crds/` installed and Established, rules;
+//! - [`commands`]: kubectl on the shared plane, `kubectl auth can-i`, `scripts/ops-check`,
+//!   a command fed on its stdin;
 //! - [`wait`]: `eventually` and its blocking forms;
 //! - [`process`]: `initium serve` as a process, ports, `/metrics`, `/mutate`;
 //! - [`workloads`]: a whole cluster (`up --nodes 3`: controller manager, scheduler, kwok
@@ -24,6 +26,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod cluster;
+pub mod commands;
 pub mod fixtures;
 pub mod https;
 pub mod measure;
