@@ -12,9 +12,8 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use initium::api::{ClusterMutationRule, MutationRule, RuleStatus};
@@ -65,25 +64,9 @@ fn kubectl(args: &[&str]) -> Run {
 
 /// Runs kubectl with `stdin` as its standard input (for `-f -`).
 fn kubectl_with_stdin(args: &[&str], stdin: Option<&str>) -> Run {
-    let mut command = support::kubectl();
-    command
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin is piped");
-        pipe.write_all(input.as_bytes())
-            .expect("write kubectl's stdin");
-    }
-    let output = child.wait_with_output().expect("wait for kubectl");
+    let output = support::Plane::shared()
+        .kubectl_stdin(args, stdin.unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e:#}"));
     Run {
         args: args.iter().map(|a| a.to_string()).collect(),
         output,

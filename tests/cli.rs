@@ -1,15 +1,14 @@
 //! The offline commands as a user runs them: the `initium` binary on files.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
 
 use serde_json::{Value, json};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use support::commands::output_with_stdin;
+use support::root;
 
 fn initium(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_initium"))
@@ -20,21 +19,13 @@ fn initium(args: &[&str]) -> Output {
 }
 
 fn initium_stdin(args: &[&str], input: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_initium"))
-        .args(args)
-        .current_dir(root())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("initium runs");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input)
-        .expect("write stdin");
-    child.wait_with_output().expect("initium finishes")
+    output_with_stdin(
+        Command::new(env!("CARGO_BIN_EXE_initium"))
+            .args(args)
+            .current_dir(root()),
+        input,
+    )
+    .expect("initium runs")
 }
 
 fn text(bytes: &[u8]) -> String {

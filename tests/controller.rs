@@ -26,7 +26,6 @@ use initium::tls;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -46,6 +45,7 @@ const LEASE: Duration = Duration::from_secs(3);
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
+use support::cluster::{Cleanup, lease_holder};
 use support::{eventually, install_crds, serial, unique};
 
 /// A controller configuration for a test: its own namespace, configuration and Lease names,
@@ -155,63 +155,6 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-/// What a test created cluster-wide, deleted at the end even if the test fails.
-struct Cleanup {
-    rules: Vec<RuleId>,
-    configurations: Vec<String>,
-    crds: Vec<String>,
-}
-
-impl Cleanup {
-    fn new() -> Cleanup {
-        Cleanup {
-            rules: Vec::new(),
-            configurations: Vec::new(),
-            crds: Vec::new(),
-        }
-    }
-
-    fn run(&mut self) {
-        let delete = |args: Vec<String>| {
-            let output = support::kubectl()
-                .args(["delete", "--ignore-not-found", "--wait=false"])
-                .args(&args)
-                .output();
-            match output {
-                Ok(o) if o.status.success() => {}
-                other => eprintln!(
-                    "cleanup `kubectl delete {}` failed: {other:?}",
-                    args.join(" ")
-                ),
-            }
-        };
-        for rule in self.rules.drain(..) {
-            match &rule.namespace {
-                Some(ns) => delete(vec![
-                    "mutationrule".into(),
-                    rule.name.to_string(),
-                    "-n".into(),
-                    ns.to_string(),
-                ]),
-                None => delete(vec!["clustermutationrule".into(), rule.name.to_string()]),
-            }
-        }
-        for name in self.configurations.drain(..) {
-            delete(vec!["mutatingwebhookconfiguration".into(), name.clone()]);
-            delete(vec!["validatingwebhookconfiguration".into(), name]);
-        }
-        for name in self.crds.drain(..) {
-            delete(vec!["crd".into(), name]);
-        }
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        self.run();
     }
 }
 
@@ -387,16 +330,6 @@ fn excluded_namespaces(configuration: &MutatingWebhookConfiguration) -> Vec<Vec<
             requirement.values.unwrap_or_default()
         })
         .collect()
-}
-
-async fn lease_holder(client: &kube::Client, namespace: &str, name: &str) -> Option<String> {
-    Api::<Lease>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|l| l.spec)
-        .and_then(|s| s.holder_identity)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,20 +4,10 @@
 
 mod support;
 
-fn kubectl_ok(args: &[&str]) -> String {
-    let out = support::kubectl()
-        .args(args)
-        .output()
-        .expect("kubectl runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "kubectl {}\nstdout:\n{stdout}\nstderr:\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
+use std::time::Duration;
+
+use support::commands::{can_i, kubectl_ok, kubectl_try};
+use support::wait::{poll, within};
 
 #[test]
 fn kustomize_base_passes_a_server_side_dry_run() {
@@ -89,21 +79,14 @@ fn the_service_account_may_do_what_initium_does_and_nothing_more() {
     let cache_dir = format!("--cache-dir={}", cache.path().display());
     let can = |args: &[&str]| {
         let _ = std::fs::remove_dir_all(cache.path());
-        let mut full = vec!["auth", "can-i", sa, &cache_dir];
+        let mut full = vec![sa, &cache_dir];
         full.extend_from_slice(args);
-        let out = support::kubectl()
-            .args(&full)
-            .output()
-            .expect("kubectl runs");
-        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+        can_i(&full)
     };
     // The RBAC authorizer sees new bindings through its informers, a moment later.
-    let started = std::time::Instant::now();
-    while !can(&["list", "clustermutationrules.initium.dev"])
-        && started.elapsed() < std::time::Duration::from_secs(10)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    within(Duration::from_secs(10), Duration::from_millis(100), || {
+        can(&["list", "clustermutationrules.initium.dev"])
+    });
     for allowed in [
         &["watch", "mutationrules.initium.dev", "--all-namespaces"][..],
         &["list", "clustermutationrules.initium.dev"],
@@ -185,30 +168,6 @@ fn the_service_account_may_do_what_initium_does_and_nothing_more() {
             denied.join(" ")
         );
     }
-}
-
-/// `kubectl ARGS` with `stdin`: (succeeded, stdout, stderr).
-fn kubectl_try(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let mut command = support::kubectl();
-    command
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = command.spawn().expect("kubectl runs");
-    {
-        use std::io::Write;
-        let mut input = child.stdin.take().expect("stdin");
-        if let Some(text) = stdin {
-            input.write_all(text.as_bytes()).expect("write");
-        }
-    }
-    let out = child.wait_with_output().expect("kubectl finishes");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// What the policy's message starts with.
@@ -304,18 +263,20 @@ fn only_initium_removes_initium_gates() {
 
     // The API server loads policies asynchronously: a dry run (which changes nothing if the
     // policy is not in force yet) until the denial is seen.
-    let started = std::time::Instant::now();
-    loop {
-        let (ok, _, err) = set_gates(&ns, "web", Some(&["example.com/other"]), None, true);
-        if !ok && err.contains(GATE_DENIAL) {
-            break;
-        }
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(60),
-            "the policy was not in force within 60 s; last attempt: ok={ok}, {err}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
+    poll(
+        "the policy to be in force",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || {
+            let (ok, _, err) = set_gates(&ns, "web", Some(&["example.com/other"]), None, true);
+            Ok(if !ok && err.contains(GATE_DENIAL) {
+                Ok(())
+            } else {
+                Err(format!("ok={ok}, {err}"))
+            })
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
 
     // (a) The admin may not remove initium's gate: not alone, not with the other, not the
     // whole list.
@@ -370,29 +331,13 @@ fn only_initium_removes_initium_gates() {
     ]);
     // The RBAC authorizer sees new bindings through its informers, a moment later.
     for user in [INITIUM_SA, other_sa.as_str()] {
-        let started = std::time::Instant::now();
-        loop {
-            let (_, out, _) = kubectl_try(
-                &[
-                    "auth",
-                    "can-i",
-                    "patch",
-                    "pods",
-                    "-n",
-                    &ns,
-                    &format!("--as={user}"),
-                ],
-                None,
-            );
-            if out.trim() == "yes" {
-                break;
-            }
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(30),
-                "{user} may not patch Pods 30 s after the RoleBinding"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        let as_user = format!("--as={user}");
+        assert!(
+            within(Duration::from_secs(30), Duration::from_millis(100), || {
+                can_i(&["patch", "pods", "-n", &ns, &as_user])
+            }),
+            "{user} may not patch Pods 30 s after the RoleBinding"
+        );
     }
     let (ok, out, err) = set_gates(&ns, "web", None, Some(&other_sa), false);
     assert!(!ok, "another ServiceAccount removed initium's gate: {out}");

@@ -37,6 +37,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use support::cluster::{Cleanup, lease_holder};
 use support::measure::{mib, round};
 use support::process::{Initium, InitiumOptions};
 use support::{Plane, eventually, post_review, serial};
@@ -99,72 +100,6 @@ async fn client() -> kube::Client {
     plane.client().await.unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// Deletes every rule, and the webhook configurations of this test, when created and when
-/// dropped (also when the test fails). Declare it before the replicas: locals drop in reverse
-/// order, so the replicas stop first and cannot write the configurations again.
-struct Cleanup {
-    configurations: Vec<String>,
-}
-
-impl Cleanup {
-    fn new(configurations: &[&str]) -> Cleanup {
-        let cleanup = Cleanup {
-            configurations: configurations.iter().map(|s| s.to_string()).collect(),
-        };
-        cleanup.run();
-        cleanup
-    }
-
-    fn run(&self) {
-        let _ = plane()
-            .kubectl()
-            .args(["delete", "cmr", "--all", "--wait=true"])
-            .output();
-        // One DELETE of the collection per namespace (`kubectl delete --all` sends one request
-        // per rule: minutes for a thousand).
-        let namespaces = plane()
-            .kubectl()
-            .args([
-                "get",
-                "mr",
-                "--all-namespaces",
-                "-o",
-                "jsonpath={.items[*].metadata.namespace}",
-            ])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        let namespaces: BTreeSet<&str> = namespaces.split_whitespace().collect();
-        for namespace in namespaces {
-            let _ = plane()
-                .kubectl()
-                .args([
-                    "delete",
-                    "--raw",
-                    &format!("/apis/initium.dev/v1alpha1/namespaces/{namespace}/mutationrules"),
-                ])
-                .output();
-        }
-        for name in &self.configurations {
-            for kind in [
-                "mutatingwebhookconfiguration",
-                "validatingwebhookconfiguration",
-            ] {
-                let _ = plane()
-                    .kubectl()
-                    .args(["delete", kind, name, "--ignore-not-found"])
-                    .output();
-            }
-        }
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        self.run();
-    }
-}
-
 /// Where a replica's log goes (kept after the test, for reading after a failure).
 fn log_path(name: &str) -> PathBuf {
     let dir = option_env!("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
@@ -206,15 +141,6 @@ async fn start_with(name: &str, namespace: &str, identity: &str, flags: &[&str])
     })
     .await
     .expect("start initium")
-}
-
-fn free_addr() -> SocketAddr {
-    format!(
-        "127.0.0.1:{}",
-        support::process::free_port().expect("a free port")
-    )
-    .parse()
-    .expect("an address")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -407,7 +333,7 @@ where
 async fn rules_changed_around_api_server_and_etcd_restarts_all_take_effect() {
     let _serial = serial().await;
     let name = support::unique("f-restart");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let team = support::namespace(&client, "team").await;
@@ -681,7 +607,7 @@ async fn mutating_configuration(client: &kube::Client, name: &str) -> Value {
 async fn serve_killed_during_creates_delays_none_and_stores_no_fail_pod_unmutated() {
     let _serial = serial().await;
     let name = support::unique("f-kill");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let team = support::namespace(&client, "strict").await;
@@ -745,8 +671,8 @@ async fn serve_killed_during_creates_delays_none_and_stores_no_fail_pod_unmutate
     let mut second = tokio::task::spawn_blocking({
         let options = options(&name, &own, "replica");
         move || {
-            let mut second = Initium::spawn(plane(), &options, free_addr(), free_addr())
-                .unwrap_or_else(|e| panic!("{e:#}"));
+            let mut second =
+                Initium::spawn_on_free_ports(plane(), &options).unwrap_or_else(|e| panic!("{e:#}"));
             second
                 .wait_ready(Duration::from_secs(60))
                 .unwrap_or_else(|e| panic!("{e:#}"));
@@ -861,16 +787,6 @@ async fn wait_admission_label(client: &kube::Client, namespace: &str, key: &str,
 // ---------------------------------------------------------------------------------------------
 // 6c. the Lease holder killed while writing 1,000 statuses
 
-/// The holder of Lease `name` in `namespace`.
-async fn lease_holder(client: &kube::Client, namespace: &str, name: &str) -> Option<String> {
-    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|l| l.spec?.holder_identity)
-}
-
 /// Follows the rules of `namespace` with a watch; publishes how many are Ready for their
 /// generation.
 fn count_ready(client: &kube::Client, namespace: &str) -> tokio::sync::watch::Receiver<usize> {
@@ -904,7 +820,7 @@ async fn the_lease_holder_killed_while_writing_a_thousand_statuses_loses_none() 
     const RULES: usize = 1_000;
     let _serial = serial().await;
     let name = support::unique("f-lease");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let team = support::namespace(&client, "many").await;
@@ -945,13 +861,8 @@ async fn the_lease_holder_killed_while_writing_a_thousand_statuses_loses_none() 
 
     let ready = count_ready(&client, &team);
     let started = Instant::now();
-    let mut a = Initium::spawn(
-        plane(),
-        &options(&name, &own, "a"),
-        free_addr(),
-        free_addr(),
-    )
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut a = Initium::spawn_on_free_ports(plane(), &options(&name, &own, "a"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
     eventually(
         "replica a to hold the Lease",
         Duration::from_secs(60),
@@ -967,13 +878,8 @@ async fn the_lease_holder_killed_while_writing_a_thousand_statuses_loses_none() 
         "faults: replica a holds the Lease {:.1?} after it started",
         started.elapsed()
     );
-    let mut b = Initium::spawn(
-        plane(),
-        &options(&name, &own, "b"),
-        free_addr(),
-        free_addr(),
-    )
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut b = Initium::spawn_on_free_ports(plane(), &options(&name, &own, "b"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let mut watching = ready.clone();
     tokio::time::timeout(
         Duration::from_secs(120),
@@ -1068,7 +974,7 @@ async fn every_pod_is_mutated_by_one_version_of_a_rule_that_keeps_changing() {
     const VERSIONS: u32 = 40;
     let _serial = serial().await;
     let name = support::unique("f-churn");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let team = support::namespace(&client, "churn").await;
@@ -1192,7 +1098,7 @@ fn hostile_rules() -> Vec<(String, Value)> {
 async fn hostile_rules_through_serve_leave_initium_alive_and_others_served() {
     let _serial = serial().await;
     let name = support::unique("f-hostile");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let tenant = support::namespace(&client, "tenant").await;
@@ -1288,7 +1194,7 @@ async fn hostile_rules_through_serve_leave_initium_alive_and_others_served() {
 async fn a_tenants_slow_regexes_leave_other_namespaces_served_and_readyz_answering() {
     let _serial = serial().await;
     let name = support::unique("f-slowregex");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let tenant = support::namespace(&client, "tenant").await;
@@ -1458,7 +1364,7 @@ async fn flood_beside_others(
 async fn a_tenants_in_flood_over_large_pods_leaves_others_served_within_the_memory_limit() {
     let _serial = serial().await;
     let name = support::unique("f-inflood");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let tenant = support::namespace(&client, "tenant").await;
@@ -1517,7 +1423,7 @@ async fn a_tenants_in_flood_over_large_pods_leaves_others_served_within_the_memo
 async fn a_tenants_huge_template_rules_do_not_keep_a_replica_from_starting() {
     let _serial = serial().await;
     let name = support::unique("f-huge");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let tenant = support::namespace(&client, "tenant").await;
@@ -1598,7 +1504,7 @@ async fn a_tenants_huge_template_rules_do_not_keep_a_replica_from_starting() {
 async fn a_tenants_rules_full_of_unicode_regexes_stay_within_initiums_memory_limit() {
     let _serial = serial().await;
     let name = support::unique("f-regexes");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let tenant = support::namespace(&client, "tenant").await;
@@ -1689,7 +1595,7 @@ async fn a_tenants_rules_full_of_unicode_regexes_stay_within_initiums_memory_lim
 async fn hostile_clients_of_the_webhook_port_leave_initium_within_its_memory_limit() {
     let _serial = serial().await;
     let name = support::unique("f-clients");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let team = support::namespace(&client, "team").await;
@@ -1820,7 +1726,7 @@ fn pod_json(namespace: &str, name: &str) -> Value {
 async fn a_mutation_rule_changes_nothing_outside_its_namespace() {
     let _serial = serial().await;
     let name = support::unique("f-isolation");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let tenant = support::namespace(&client, "tenant").await;
@@ -2243,7 +2149,7 @@ where
     Fut: Future<Output = ()>,
 {
     let name = support::unique("f-tls");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let team = support::namespace(&client, "tls").await;
@@ -2538,7 +2444,7 @@ fn median(values: &[u64]) -> u64 {
 /// RSS grows more than 10% after warm-up. Prints a summary and, last, one JSON line.
 async fn soak(settings: Soak) {
     let name = support::unique("f-soak");
-    let _cleanup = Cleanup::new(&[&name]);
+    let _cleanup = Cleanup::every_rule(plane(), &[&name]);
     let client = client().await;
     let own = support::namespace(&client, "initium").await;
     let team = support::namespace(&client, "soak").await;

@@ -216,23 +216,9 @@ async fn events_for_all(
 /// `kubectl apply -f -` of `yaml`: whether it succeeded, and what kubectl printed on stderr
 /// (errors, and the warnings of admission webhooks).
 fn kubectl_apply(yaml: &str) -> (bool, String) {
-    use std::io::Write;
-    use std::process::Stdio;
-    let mut child = cluster()
-        .kubectl()
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(yaml.as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
+    let output = cluster()
+        .kubectl_stdin(&["apply", "-f", "-"], yaml)
+        .unwrap_or_else(|e| panic!("{e:#}"));
     (
         output.status.success(),
         String::from_utf8_lossy(&output.stderr).into_owned(),

@@ -15,6 +15,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
+use support::commands::ops_check;
 use support::plane::{Plane, root, run};
 use support::serving::Serving;
 use support::{eventually_blocking, install_crds, serial_blocking, unique};
@@ -37,30 +38,10 @@ fn health(plane: &Plane, ns: &str, name: &str) -> (String, String, String, Strin
     )
 }
 
+/// `scripts/ops-check health` of `object` (JSON): what kstatus and Argo CD make of it.
 fn ops_check_health(object: &str) -> Value {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(root().join("scripts/ops-check"))
-        .arg("health")
-        .arg(root().join(LUA))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("scripts/ops-check runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(object.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "scripts/ops-check health failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("ops-check prints JSON")
+    let lua = root().join(LUA);
+    ops_check(&["health", lua.to_str().expect("a UTF-8 path")], object)
 }
 
 /// Waits until both tools read `name` as `kstatus` and `argo`; returns the messages.

@@ -7,7 +7,11 @@
 
 mod support;
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
+use support::commands::{can_i, kubectl_ok};
+use support::wait::within;
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/initium");
 const CUSTOM_VALUES: &str = concat!(
@@ -697,21 +701,6 @@ fn rendered_manifests_pass_a_server_side_dry_run() {
     }
 }
 
-/// `kubectl ARGS` on the test plane; its stdout, the test failing with its stderr.
-fn kubectl_ok(args: &[&str]) -> String {
-    let out = support::kubectl()
-        .args(args)
-        .output()
-        .expect("kubectl runs");
-    assert!(
-        out.status.success(),
-        "kubectl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// What docs/operations.md tells people to run, on the real API server: `helm install` with
 /// `--create-namespace` (the CRDs come with the first install), the ServiceAccount may do
 /// what initium does in the release's namespace, `helm upgrade` changes the Deployment,
@@ -754,20 +743,13 @@ fn helm_installs_upgrades_and_uninstalls_on_the_api_server() {
     // The RBAC authorizer sees new bindings through its informers, a moment later.
     let sa = format!("--as=system:serviceaccount:{namespace}:initium");
     let can = |args: &[&str]| {
-        let mut full = vec!["auth", "can-i", sa.as_str()];
+        let mut full = vec![sa.as_str()];
         full.extend_from_slice(args);
-        let out = support::kubectl()
-            .args(&full)
-            .output()
-            .expect("kubectl runs");
-        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+        can_i(&full)
     };
-    let started = std::time::Instant::now();
-    while !can(&["update", "leases.coordination.k8s.io", "-n", &namespace])
-        && started.elapsed() < std::time::Duration::from_secs(30)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    within(Duration::from_secs(30), Duration::from_millis(100), || {
+        can(&["update", "leases.coordination.k8s.io", "-n", &namespace])
+    });
     assert!(can(&[
         "update",
         "leases.coordination.k8s.io",

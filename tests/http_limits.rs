@@ -4,25 +4,23 @@
 //! each bounded in time and in the number of connections.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
+mod support;
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{Request, StatusCode, header};
 use axum_server::Handle;
-use axum_server::tls_rustls::RustlsConfig;
 use futures::StreamExt as _;
 use initium::admission::Limits;
 use initium::admission::state::{AdmissionConfig, Shared};
-use rustls::pki_types::{CertificateDer, ServerName};
-use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+use rustls::pki_types::CertificateDer;
+use support::https::Tls;
+use support::root;
 use tower::ServiceExt;
-
-fn root() -> &'static std::path::Path {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn pod_review() -> Vec<u8> {
     std::fs::read(root().join("tests/data/admission/pod-create.json")).expect("pod-create.json")
@@ -189,16 +187,7 @@ impl Drop for Server {
 }
 
 async fn start(limits: Limits) -> Server {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])
-        .expect("self-signed certificate");
-    let ca = cert.cert.der().clone();
-    let tls = RustlsConfig::from_pem(
-        cert.cert.pem().into_bytes(),
-        cert.signing_key.serialize_pem().into_bytes(),
-    )
-    .await
-    .expect("TLS configuration");
+    let (tls, ca) = support::https::self_signed().await;
     let handle: Handle<SocketAddr> = Handle::new();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let addr = listener.local_addr().expect("address");
@@ -212,28 +201,12 @@ async fn start(limits: Limits) -> Server {
     Server { addr, ca, handle }
 }
 
-type Tls = StreamOwned<ClientConnection, TcpStream>;
-
 fn handshake(
     addr: SocketAddr,
     ca: &CertificateDer<'static>,
     alpn: &[&[u8]],
 ) -> std::io::Result<Tls> {
-    let mut roots = RootCertStore::empty();
-    roots.add(ca.clone()).map_err(std::io::Error::other)?;
-    let mut config = ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let name = ServerName::try_from("localhost").map_err(std::io::Error::other)?;
-    let conn = ClientConnection::new(Arc::new(config), name).map_err(std::io::Error::other)?;
-    let tcp = TcpStream::connect(addr)?;
-    tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut tls = StreamOwned::new(conn, tcp);
-    while tls.conn.is_handshaking() {
-        tls.conn.complete_io(&mut tls.sock)?;
-    }
-    Ok(tls)
+    support::https::handshake(addr, ca, alpn, Duration::from_secs(5))
 }
 
 fn connect(addr: SocketAddr, ca: &CertificateDer<'static>) -> Tls {

@@ -14,6 +14,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use support::cluster::wait_rule_ready;
+use support::commands::kubectl_try;
 use support::serving::Serving;
 use support::{Plane, eventually, install_crds, namespace, serial, unique};
 
@@ -23,44 +25,20 @@ const WAIT: Duration = Duration::from_secs(60);
 /// `kubectl <args> -f -` with `yaml`: (succeeded, stdout, stderr).
 fn kubectl_with(args: &[&str], yaml: &str) -> (bool, String, String) {
     let args: Vec<&str> = args.iter().copied().chain(["-f", "-"]).collect();
-    let out = Plane::shared()
-        .kubectl_stdin(&args, yaml)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    kubectl_try(&args, Some(yaml))
 }
 
 /// Applies a rule of either kind and waits until its status says this generation is Ready.
 async fn apply_rule(rule: Value) {
     let (ok, _, err) = kubectl_with(&["apply", "--server-side"], &rule.to_string());
     assert!(ok, "apply {rule}: {err}");
-    let kind = rule["kind"].as_str().unwrap().to_lowercase();
-    let name = rule["metadata"]["name"].as_str().unwrap();
-    let mut args = vec!["get", &kind, name, "-o", "json"];
-    if let Some(ns) = rule["metadata"]["namespace"].as_str() {
-        args.extend(["-n", ns]);
-    }
-    eventually(&format!("{kind} {name} to be Ready"), WAIT, || async {
-        let out = support::kubectl()
-            .args(&args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        let rule: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-        let status = &rule["status"];
-        let ready = status["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        if ready && status["observedGeneration"] == rule["metadata"]["generation"] {
-            Ok(())
-        } else {
-            Err(format!("status {status}"))
-        }
-    })
+    wait_rule_ready(
+        &support::client().await,
+        rule["kind"].as_str().unwrap(),
+        rule["metadata"]["namespace"].as_str(),
+        rule["metadata"]["name"].as_str().unwrap(),
+        WAIT,
+    )
     .await;
 }
 

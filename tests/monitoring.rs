@@ -14,11 +14,11 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
+use support::commands::ops_check;
 use support::plane::{Plane, root};
 use support::serving::Serving;
 use support::{eventually_blocking, install_crds, serial_blocking, unique};
@@ -295,30 +295,6 @@ fn unknown_metrics(queries: &[Query], exposition: &str) -> Vec<String> {
         }
     }
     unknown
-}
-
-/// Runs `scripts/ops-check ARGS` (built on first use, see the script) with `input` on stdin.
-fn ops_check(args: &[&str], input: &str) -> Value {
-    let mut child = Command::new(root().join("scripts/ops-check"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("scripts/ops-check runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "scripts/ops-check {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("ops-check prints JSON")
 }
 
 fn all_promql() -> Vec<Query> {

@@ -1,18 +1,22 @@
 //! The cluster's side of a test: unique names and namespaces, the CRDs of `crds/`, rules
-//! created through the API server, and waiting for an object's conditions.
+//! created through the API server and waited for until Ready, and waiting for an object's
+//! conditions.
 
+use std::collections::BTreeSet;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
 use futures::{StreamExt, TryStreamExt};
+use initium::engine::RuleId;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectMeta, PostParams};
 use serde_json::Value;
 
 use super::plane::{Plane, root};
-use super::wait::poll;
+use super::wait::{eventually, poll};
 
 /// The CRDs `crds/` installs.
 pub const CRDS: [&str; 2] = [
@@ -271,6 +275,173 @@ pub async fn ready_rules(client: &kube::Client) -> Result<usize> {
             .count();
     }
     Ok(ready)
+}
+
+/// Waits, at most `timeout`, until the status of the rule `name` (of `kind`, MutationRule or
+/// ClusterMutationRule; in `namespace` if it has one) says its current generation is Ready.
+pub async fn wait_rule_ready(
+    client: &kube::Client,
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+    timeout: Duration,
+) {
+    let resource = rule_resource(kind).unwrap_or_else(|e| panic!("{e:#}"));
+    let rules: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let described = match namespace {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    };
+    eventually(&format!("{described} to be Ready"), timeout, || async {
+        let rule = rules.get(name).await.map_err(|e| e.to_string())?;
+        ready_for(&rule.data["status"], rule.metadata.generation)
+    })
+    .await;
+}
+
+/// Whether a rule's `status` says generation `generation` is Ready.
+pub fn ready_for(status: &Value, generation: Option<i64>) -> Result<(), String> {
+    let ready = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    if ready && status["observedGeneration"].as_i64() == generation {
+        Ok(())
+    } else {
+        Err(format!("generation {generation:?}, status {status}"))
+    }
+}
+
+/// The holder of Lease `name` in `namespace`; `None` if there is none (or no answer).
+pub async fn lease_holder(client: &kube::Client, namespace: &str, name: &str) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+/// What a test created cluster-wide, deleted when dropped (also when the test fails), and on
+/// [`Cleanup::run`]. Declare it before the `initium serve` processes or controllers: locals
+/// drop in reverse order, so they stop first and cannot write the configurations again.
+pub struct Cleanup {
+    plane: &'static Plane,
+    /// Every rule of the plane, not only those in `rules`.
+    every_rule: bool,
+    /// Rules to delete.
+    pub rules: Vec<RuleId>,
+    /// Webhook configurations, mutating and validating, to delete.
+    pub configurations: Vec<String>,
+    /// CRDs to delete.
+    pub crds: Vec<String>,
+}
+
+impl Cleanup {
+    /// Deletes what the test lists in it, on the test cluster ([`Plane::shared`]).
+    pub fn new() -> Cleanup {
+        Cleanup {
+            plane: Plane::shared(),
+            every_rule: false,
+            rules: Vec::new(),
+            configurations: Vec::new(),
+            crds: Vec::new(),
+        }
+    }
+
+    /// Deletes every rule of `plane` and the webhook configurations `configurations`: at
+    /// once, and again when dropped. For a plane whose rules are all the test's own.
+    pub fn every_rule(plane: &'static Plane, configurations: &[&str]) -> Cleanup {
+        let mut cleanup = Cleanup {
+            plane,
+            every_rule: true,
+            rules: Vec::new(),
+            configurations: configurations.iter().map(|s| s.to_string()).collect(),
+            crds: Vec::new(),
+        };
+        cleanup.run();
+        cleanup
+    }
+
+    /// Deletes it all now (again when dropped: what is gone already is passed over).
+    pub fn run(&mut self) {
+        let delete = |args: &[&str]| {
+            let output = self
+                .plane
+                .kubectl()
+                .args(["delete", "--ignore-not-found", "--wait=false"])
+                .args(args)
+                .output();
+            match output {
+                Ok(o) if o.status.success() => {}
+                other => eprintln!(
+                    "cleanup `kubectl delete {}` failed: {other:?}",
+                    args.join(" ")
+                ),
+            }
+        };
+        if self.every_rule {
+            self.delete_every_rule();
+        }
+        for rule in &self.rules {
+            match &rule.namespace {
+                Some(ns) => delete(&["mutationrule", &rule.name, "-n", ns]),
+                None => delete(&["clustermutationrule", &rule.name]),
+            }
+        }
+        for name in &self.configurations {
+            delete(&["mutatingwebhookconfiguration", name]);
+            delete(&["validatingwebhookconfiguration", name]);
+        }
+        for name in &self.crds {
+            delete(&["crd", name]);
+        }
+    }
+
+    fn delete_every_rule(&self) {
+        let _ = self
+            .plane
+            .kubectl()
+            .args(["delete", "cmr", "--all", "--wait=true"])
+            .output();
+        // One DELETE of the collection per namespace (`kubectl delete --all` sends one request
+        // per rule: minutes for a thousand).
+        let namespaces = self
+            .plane
+            .kubectl()
+            .args([
+                "get",
+                "mr",
+                "--all-namespaces",
+                "-o",
+                "jsonpath={.items[*].metadata.namespace}",
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let namespaces: BTreeSet<&str> = namespaces.split_whitespace().collect();
+        for namespace in namespaces {
+            let _ = self
+                .plane
+                .kubectl()
+                .args([
+                    "delete",
+                    "--raw",
+                    &format!("/apis/initium.dev/v1alpha1/namespaces/{namespace}/mutationrules"),
+                ])
+                .output();
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.run();
+    }
 }
 
 /// Installs `crds/` on the test cluster ([`Plane::shared`]; once per test binary) or fails

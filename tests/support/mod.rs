@@ -8,12 +8,16 @@
 //! - [`plane`]: the control plane ([`Plane::shared`] for a test binary, started on first use
 //!   and stopped when the binary exits, or `INITIUM_TEST_KUBECONFIG`; [`Plane::up`] for a
 //!   plane of one's own), kubectl and a client for it, and helm (no cluster needed);
-//! - [`cluster`]: unique names and namespaces, `crds/` installed and Established, rules;
+//! - [`cluster`]: unique names and namespaces, `crds/` installed and Established, rules
+//!   applied until Ready, Lease holders, and [`cluster::Cleanup`] of what a test created;
+//! - [`commands`]: kubectl on the shared plane, `kubectl auth can-i`, `scripts/ops-check`,
+//!   a command fed on its stdin;
 //! - [`wait`]: `eventually` and its blocking forms;
-//! - [`process`]: `initium serve` as a process, ports, `/metrics`, `/mutate`;
+//! - [`process`]: `initium serve` as a process, free ports, `/metrics`, `/mutate`;
 //! - [`workloads`]: a whole cluster (`up --nodes 3`: controller manager, scheduler, kwok
 //!   nodes) for a test binary, and waits for Deployments, Jobs, Pods and endpoints;
 //! - [`serving`]: `initium serve` beside the whole cluster, and rules applied until Ready;
+//! - [`https`]: a self-signed certificate for `localhost`, and a TLS client trusting it;
 //! - [`serial`]: the one guard that runs a binary's tests one at a time;
 //! - [`fixtures`]: the Pod and rules the benchmarks measure;
 //! - [`measure`]: memory, latency percentiles, the machine.
@@ -23,7 +27,9 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod cluster;
+pub mod commands;
 pub mod fixtures;
+pub mod https;
 pub mod measure;
 pub mod plane;
 pub mod process;

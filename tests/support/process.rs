@@ -22,6 +22,11 @@ pub fn free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// A free address on 127.0.0.1.
+pub fn free_addr() -> Result<SocketAddr> {
+    Ok(SocketAddr::from(([127, 0, 0, 1], free_port()?)))
+}
+
 /// GET on a plain-HTTP address: (status, body); status 0 if the answer has none.
 pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let mut stream = TcpStream::connect(addr)?;
@@ -78,10 +83,9 @@ impl Initium {
         const ATTEMPTS: usize = 3;
         let mut attempt = 1;
         loop {
-            let webhook: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-            let ops: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
             let logged_before = std::fs::metadata(&options.log).map_or(0, |m| m.len());
-            let mut initium = Initium::spawn(plane, &options, webhook, ops)?;
+            let mut initium = Initium::spawn_on_free_ports(plane, &options)?;
+            let (webhook, ops) = (initium.webhook, initium.ops);
             match initium.wait_ready(Duration::from_secs(180)) {
                 Ok(()) => return Ok(initium),
                 Err(e) if attempt < ATTEMPTS && initium.port_was_taken(logged_before) => {
@@ -166,6 +170,11 @@ impl Initium {
             namespace: options.namespace.clone(),
             log: options.log.clone(),
         })
+    }
+
+    /// [`spawn`](Self::spawn) on free ports.
+    pub fn spawn_on_free_ports(plane: &Plane, options: &InitiumOptions) -> Result<Initium> {
+        Initium::spawn(plane, options, free_addr()?, free_addr()?)
     }
 
     /// Waits until `/readyz` answers 200; fails at once if the process exits first.

@@ -6,14 +6,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kube::api::Api;
-
-use initium::api::MutationRule;
-
+use super::cluster::wait_rule_ready;
 use super::plane::Plane;
 use super::process::{Initium, InitiumOptions};
 use super::unique;
-use super::wait::eventually;
 use super::workloads::cluster;
 
 /// One `initium serve` process with webhook configurations and a Lease of its own name.
@@ -109,29 +105,12 @@ impl Drop for Serving {
 /// Applies a rule and waits until its status says the current generation is Ready.
 pub async fn apply_rule(client: &kube::Client, namespace: &str, name: &str, yaml: &str) {
     cluster().apply(yaml).unwrap_or_else(|e| panic!("{e:#}"));
-    let rules: Api<MutationRule> = Api::namespaced(client.clone(), namespace);
-    eventually(
-        &format!("MutationRule {namespace}/{name} to be Ready"),
+    wait_rule_ready(
+        client,
+        "MutationRule",
+        Some(namespace),
+        name,
         Duration::from_secs(60),
-        || async {
-            let rule = rules.get(name).await.map_err(|e| e.to_string())?;
-            let status = serde_json::to_value(&rule.status).map_err(|e| e.to_string())?;
-            ready_for(&status, rule.metadata.generation)
-        },
     )
     .await;
-}
-
-/// Whether `status` says generation `generation` is Ready.
-fn ready_for(status: &serde_json::Value, generation: Option<i64>) -> Result<(), String> {
-    let ready = status["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Ready" && c["status"] == "True");
-    if ready && status["observedGeneration"].as_i64() == generation {
-        Ok(())
-    } else {
-        Err(format!("generation {generation:?}, status {status}"))
-    }
 }

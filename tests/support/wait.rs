@@ -63,6 +63,21 @@ pub fn poll<T>(
     }
 }
 
+/// Calls `check` every `every` until it says yes, at most for `timeout` (at least once);
+/// whether it did. Blocking, for waits whose outcome the test then asserts in its own words.
+pub fn within(timeout: Duration, every: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    loop {
+        if check() {
+            return true;
+        }
+        if started.elapsed() >= timeout {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+}
+
 /// An attempt that waits for a value: done when `seen` equals `want`, otherwise "not yet",
 /// saying what it saw.
 pub fn is<T, W>(seen: T, want: W) -> Result<(), String>
