@@ -1,23 +1,24 @@
 //! initium: a declarative initializer for Kubernetes.
 //!
 //! `engine` is pure: rules in, compiled index; object in, mutated object + patch + report out.
-//! `api` holds the CRD types. The adapters around the engine: `admission` (the HTTPS webhook),
+//! It is its own crate, `initium-engine` (crates/engine), with the CRD types (`api`) and the
+//! escaping of untrusted text (`untrusted`); they are re-exported here under their names. The adapters around the engine: `admission` (the HTTPS webhook),
 //! `controller` (the duties that talk to the API server), `tls` (the serving certificate),
 //! `ops` (health and metrics). `serve` composes them into `initium serve`; `cli` is the command
 //! line, and the offline commands (the engine with no cluster). See docs/architecture.md.
 
 pub mod admission;
-pub mod api;
 pub mod cli;
 pub mod controller;
-pub mod engine;
 pub mod kube_errors;
 pub mod metrics;
 pub mod ops;
 pub mod report;
 pub mod serve;
 pub mod tls;
-pub mod untrusted;
+
+pub use initium_engine as engine;
+pub use initium_engine::{api, untrusted};
 
 use engine::RuleErrors;
 pub use report::report;
@@ -117,12 +118,6 @@ impl Error {
             source: Some(source.into()),
         }
     }
-}
-
-/// `text` with every control character (and the bidirectional overrides a terminal obeys)
-/// written as a Rust escape: `\u{1b}`, `\n`.
-pub fn escape_controls(text: &str) -> String {
-    untrusted::escape(text).into_owned()
 }
 
 fn render_rule_errors(errors: &[RuleErrors]) -> String {

@@ -22,7 +22,10 @@ fn main() -> ExitCode {
             // Errors can quote what a client or a rule wrote: control characters are escaped
             // (line breaks kept), so they cannot drive the terminal.
             let text = initium::report(&e);
-            let lines: Vec<String> = text.lines().map(initium::escape_controls).collect();
+            let lines: Vec<String> = text
+                .lines()
+                .map(|line| initium::untrusted::escape(line).into_owned())
+                .collect();
             eprintln!("error: {}", lines.join("\n"));
             ExitCode::FAILURE
         }

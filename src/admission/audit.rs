@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use crate::engine::{Audited, RuleId, Verdict};
+use initium_engine::{Audited, RuleId, Verdict};
 
 /// Longest example kept per rule and verdict (characters); an Event's note is at most 1 KiB.
 const EXAMPLE_MAX: usize = 600;

@@ -19,7 +19,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine::human_bytes;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -29,6 +28,7 @@ use axum::routing::post;
 use axum_server::Handle;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use futures::StreamExt as _;
+use initium_engine::human_bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use tracing::{Instrument as _, Span};
@@ -690,10 +690,10 @@ mod review_memory {
                 {"merge": {"metadata": {"labels": {"seen": "yes"}}}},
                 {"forEach": "$.spec.containers[*]",
                  "mutations": [{"merge": {"imagePullPolicy": "Always"}}]}]}});
-        let compiled = vec![crate::engine::compile_document(&rule, "default").unwrap()];
+        let compiled = vec![initium_engine::compile_document(&rule, "default").unwrap()];
         shared
             .rules
-            .store(Arc::new(crate::engine::RuleIndex::new(compiled)));
+            .store(Arc::new(initium_engine::RuleIndex::new(compiled)));
         // Dense JSON first (the most memory per byte: a map and two strings per 30 bytes),
         // while the allocator has kept nothing from earlier reviews.
         for shape in ["40,000 env vars", "one 1.7 MB annotation", "400,000 args"] {

@@ -7,7 +7,7 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::Value;
 
 use super::state::Shared;
-use crate::engine::{Denial, Gvk, Outcome, RanBefore, RuleId, Subject, Verdict as AuditVerdict};
+use initium_engine::{Denial, Gvk, Outcome, RanBefore, RuleId, Subject, Verdict as AuditVerdict};
 
 use super::review::{self, AdmissionRequest, AdmissionResponse, OldObject};
 use super::telemetry::{self, Record, Verdict};
@@ -164,12 +164,12 @@ fn describe(request: &AdmissionRequest, object: &Value) -> String {
     let name = request
         .name()
         .filter(|n| !n.is_empty())
-        .map(|n| crate::untrusted::quote(n).into_owned())
+        .map(|n| initium_engine::untrusted::quote(n).into_owned())
         .or_else(|| {
             object
                 .pointer("/metadata/generateName")
                 .and_then(Value::as_str)
-                .map(|g| format!("{}*", crate::untrusted::quote(g)))
+                .map(|g| format!("{}*", initium_engine::untrusted::quote(g)))
         })
         .unwrap_or_else(|| "(no name)".into());
     match request.namespace().filter(|n| !n.is_empty()) {

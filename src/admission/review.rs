@@ -8,8 +8,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::api::Operation;
-use crate::untrusted::quote;
+use initium_engine::api::Operation;
+use initium_engine::untrusted::quote;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";

@@ -14,8 +14,8 @@ use tokio::sync::Semaphore;
 
 use super::Limits;
 use super::limits::InflightBytes;
-use crate::engine::{Limits as RuleLimits, LookupStore, RuleIndex};
 use crate::metrics::Metrics;
+use initium_engine::{Limits as RuleLimits, LookupStore, RuleIndex};
 
 /// Labels of every Namespace, by name (for `namespaceSelector`).
 /// Each Namespace's labels, shared between the duty's working copy and the published one

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use tracing::Span;
 
-use crate::engine::RuleId;
 use crate::metrics::{AdmissionLabels, Metrics};
+use initium_engine::RuleId;
 
 use super::review::AdmissionRequest;
 
@@ -56,8 +56,8 @@ impl Name<'_> {
 impl fmt::Display for Name<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.0.name(), self.0.generate_name()) {
-            (Some(name), _) => f.write_str(&crate::untrusted::quote(name)),
-            (None, Some(prefix)) => write!(f, "{}*", crate::untrusted::quote(prefix)),
+            (Some(name), _) => f.write_str(&initium_engine::untrusted::quote(name)),
+            (None, Some(prefix)) => write!(f, "{}*", initium_engine::untrusted::quote(prefix)),
             (None, None) => Ok(()),
         }
     }
@@ -227,7 +227,7 @@ mod tests {
 
     use crate::admission::state::{AdmissionConfig, Shared};
     use crate::admission::{Limits, router};
-    use crate::engine::{RuleIndex, compile_document};
+    use initium_engine::{RuleIndex, compile_document};
 
     const POD_REVIEW: &str = include_str!("../../tests/data/admission/pod-create.json");
     const RULE_REVIEW: &str =

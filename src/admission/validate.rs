@@ -7,8 +7,8 @@ use std::borrow::Cow;
 use serde_json::Value;
 
 use super::state::Shared;
-use crate::api::{GROUP, Operation};
-use crate::engine::{DEPLOYMENT_PROGRESS_DEADLINE, RuleErrors, compile_document};
+use initium_engine::api::{GROUP, Operation};
+use initium_engine::{DEPLOYMENT_PROGRESS_DEADLINE, RuleErrors, compile_document};
 
 use super::review::{self, AdmissionResponse, StatusCause, StatusDetails};
 use super::telemetry::{self, Record, Verdict};
@@ -138,7 +138,7 @@ fn too_deep(deep: review::TooDeep, record: &mut Record) -> Reply {
     };
     let errors = RuleErrors {
         rule,
-        errors: vec![crate::engine::FieldError {
+        errors: vec![initium_engine::FieldError {
             field: deep.field,
             message: format!(
                 "the rule nests {} levels deep; initium reads a rule nested at most {} levels \
@@ -146,7 +146,7 @@ fn too_deep(deep: review::TooDeep, record: &mut Record) -> Reply {
                  (the depth limit): make the value shallower",
                 deep.depth,
                 review::READ_DEPTH - 2,
-                crate::engine::MAX_DEPTH,
+                initium_engine::MAX_DEPTH,
             ),
         }],
     };
@@ -155,7 +155,7 @@ fn too_deep(deep: review::TooDeep, record: &mut Record) -> Reply {
 }
 
 /// Warnings for a valid rule that will likely surprise its author.
-fn advice(rule: &crate::engine::CompiledRule) -> Vec<String> {
+fn advice(rule: &initium_engine::CompiledRule) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(gate) = rule.gate()
         && gate.timeout > DEPLOYMENT_PROGRESS_DEADLINE

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::api::API_VERSION;
-use crate::engine::{RuleId, Step, StepResult};
 use crate::{Error, Result};
+use initium_engine::api::API_VERSION;
+use initium_engine::{RuleId, Step, StepResult};
 
 use super::input::{Document, read_documents};
 use super::offline::{
@@ -92,7 +92,7 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write, err: &mut dyn Write) -> Resul
 fn rule_sources(docs: &[Document], default_namespace: &str) -> HashMap<RuleId, Value> {
     docs.iter()
         .filter_map(|d| {
-            let source = crate::engine::parse_rule(&d.value, default_namespace).ok()?;
+            let source = initium_engine::parse_rule(&d.value, default_namespace).ok()?;
             Some((source.id, d.value.clone()))
         })
         .collect()
@@ -226,7 +226,11 @@ mod cluster {
             ("ClusterMutationRule", "clustermutationrules"),
             ("MutationRule", "mutationrules"),
         ] {
-            let gvk = GroupVersionKind::gvk(crate::api::GROUP, crate::api::VERSION, kind);
+            let gvk = GroupVersionKind::gvk(
+                initium_engine::api::GROUP,
+                initium_engine::api::VERSION,
+                kind,
+            );
             let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
             let list = api

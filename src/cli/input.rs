@@ -249,7 +249,7 @@ fn push_document(origin: String, value: Value, docs: &mut Vec<Document>) -> Resu
             origin,
             format!(
                 "expected an object (a Kubernetes resource), found {}",
-                crate::engine::describe_value(&other)
+                initium_engine::describe_value(&other)
             ),
         )),
     }

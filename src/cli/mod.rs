@@ -15,8 +15,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
-use crate::api::Operation;
 use crate::{Error, Result};
+use initium_engine::api::Operation;
 
 use offline::{Admitted, admit, describe_object, load_rules, lookup_store, namespace_labels};
 
@@ -208,7 +208,7 @@ fn check(args: CheckArgs, out: &mut dyn Write) -> Result<()> {
     for rule in rules.index.rules() {
         text.push_str(&format!(
             "ok: {}\n",
-            crate::engine::sanitize(&rule.id.describe())
+            initium_engine::untrusted::escape(&rule.id.describe())
         ));
     }
     text.push_str(&format!("{} rule(s) valid\n", rules.index.len()));
@@ -234,5 +234,6 @@ fn crd(args: CrdArgs, out: &mut dyn Write) -> Result<()> {
 
 /// A line on stderr; names and messages in it come from files, so it is escaped first.
 pub(crate) fn report(err: &mut dyn Write, line: &str) -> Result<()> {
-    writeln!(err, "{}", crate::engine::sanitize(line)).map_err(|e| Error::output("to stderr", e))
+    writeln!(err, "{}", initium_engine::untrusted::escape(line))
+        .map_err(|e| Error::output("to stderr", e))
 }

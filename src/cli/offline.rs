@@ -6,12 +6,12 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::api::Operation;
-use crate::engine::{
+use crate::{Error, Result};
+use initium_engine::api::Operation;
+use initium_engine::{
     Denial, FieldError, Gvk, Limits, LookupKind, LookupStore, Outcome, RanBefore, RuleErrors,
     RuleIndex, Step, Subject, compile, is_rule_document, parse_rule,
 };
-use crate::{Error, Result};
 
 use super::input::{Document, read_documents};
 

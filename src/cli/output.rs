@@ -4,8 +4,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::api;
 use crate::{Error, Result};
+use initium_engine::api;
 
 pub fn yaml<T: Serialize>(value: &T) -> Result<String> {
     serde_saphyr::to_string(value).map_err(|e| Error::output("YAML", e))

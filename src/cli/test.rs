@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::api::Operation;
-use crate::engine::sanitize;
 use crate::{Error, Result};
+use initium_engine::api::Operation;
+use initium_engine::untrusted::escape;
 
 use super::input::{Document, parse_documents, read_documents};
 use super::offline::{
@@ -98,7 +98,7 @@ pub fn run(paths: &[PathBuf], out: &mut dyn Write) -> Result<()> {
     let (mut passed, mut failed) = (0usize, 0usize);
     let mut report = String::new();
     // Names, paths and messages come from the test files: escaped before they reach a terminal.
-    let clean = |text: &dyn std::fmt::Display| sanitize(&text.to_string()).into_owned();
+    let clean = |text: &dyn std::fmt::Display| escape(&text.to_string()).into_owned();
     for file in &files {
         match run_file(file) {
             Err(e) => {
@@ -168,12 +168,12 @@ fn run_file(file: &Path) -> Result<CaseResults> {
         let at = e.path().to_string();
         Error::input_from(origin.clone(), at, e.into_inner())
     })?;
-    if test.api_version != crate::api::API_VERSION || test.kind != "RuleTest" {
+    if test.api_version != initium_engine::api::API_VERSION || test.kind != "RuleTest" {
         return Err(Error::input(
             origin,
             format!(
                 "expected apiVersion {} and kind RuleTest",
-                crate::api::API_VERSION
+                initium_engine::api::API_VERSION
             ),
         ));
     }
@@ -213,7 +213,7 @@ fn run_case(
     base: &Path,
     origin: &str,
     namespace: &str,
-    index: &crate::engine::RuleIndex,
+    index: &initium_engine::RuleIndex,
 ) -> Result<Vec<String>> {
     let operation = case.operation.unwrap_or(Operation::Create);
     let inputs = load_sources(&case.objects, base, origin)?;
@@ -236,7 +236,7 @@ fn run_case(
                     outcome
                         .audited
                         .iter()
-                        .filter(|a| !matches!(a.verdict, crate::engine::Verdict::Unchanged))
+                        .filter(|a| !matches!(a.verdict, initium_engine::Verdict::Unchanged))
                         .map(|a| a.summary()),
                 );
                 outputs.push(outcome.object);

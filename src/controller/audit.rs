@@ -14,9 +14,9 @@ use tokio::sync::watch;
 
 use crate::admission::audit::Tally;
 use crate::admission::state::Shared;
-use crate::api::API_VERSION;
-use crate::engine::RuleId;
 use crate::report::report;
+use initium_engine::RuleId;
+use initium_engine::api::API_VERSION;
 
 use super::duty::{Context, Duty};
 use super::rules::Snapshot;
@@ -327,7 +327,7 @@ async fn publish(
 ) {
     // What a note quotes of an object is escaped where it is taken; escaping the whole note
     // here, before it is cut to what the API server takes, guarantees it for every Event.
-    let mut note = crate::untrusted::escape(&note).into_owned();
+    let mut note = initium_engine::untrusted::escape(&note).into_owned();
     if let Some((at, _)) = note.char_indices().nth(NOTE_MAX) {
         note.truncate(at);
         note.push('…');

@@ -21,8 +21,8 @@ use tokio::time::Instant;
 
 use super::duty::{Context, Duty};
 use super::vocabulary::ControllerError;
-use crate::engine::{Gvk, KindPattern};
 use crate::report::report;
+use initium_engine::{Gvk, KindPattern};
 
 /// One top-level resource the API server serves (subresources such as `pods/status` are
 /// never listed: rules match objects, not subresources).

@@ -66,7 +66,8 @@ impl Context {
     pub(crate) fn failed(&self, what: &str, error: &dyn std::fmt::Display) {
         self.failures.count();
         let error = error.to_string();
-        let error = crate::untrusted::capped(&error, crate::untrusted::MAX_ERROR_BYTES);
+        let error =
+            initium_engine::untrusted::capped(&error, initium_engine::untrusted::MAX_ERROR_BYTES);
         tracing::warn!(duty = self.failures.duty, error = %error, "{what}");
     }
 
@@ -119,7 +120,8 @@ impl Backoff {
         let wait = self.delay();
         self.failures.count();
         let error = error.to_string();
-        let error = crate::untrusted::capped(&error, crate::untrusted::MAX_ERROR_BYTES);
+        let error =
+            initium_engine::untrusted::capped(&error, initium_engine::untrusted::MAX_ERROR_BYTES);
         tracing::warn!(
             duty = self.failures.duty,
             error = %error,

@@ -41,7 +41,7 @@ use super::duty::{Context, Duty};
 use super::rules::Snapshot;
 use super::vocabulary::{ControllerError, Readiness};
 use crate::admission::state::Shared;
-use crate::engine::{LookupKind, LookupScope, LookupStore, RuleIndex, ScopeObjects};
+use initium_engine::{LookupKind, LookupScope, LookupStore, RuleIndex, ScopeObjects};
 
 /// Objects per page when a watch lists its scope. A ConfigMap may hold up to 1 MiB, and a
 /// page is read whole before the names rules do not read are dropped: 50 keeps a list of
@@ -506,8 +506,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::api::RuleSpec;
-    use crate::engine::{RuleId, compile};
+    use initium_engine::api::RuleSpec;
+    use initium_engine::{RuleId, compile};
 
     fn scope(namespace: Option<&str>) -> LookupScope {
         LookupScope {
@@ -558,7 +558,7 @@ mod tests {
         namespace: Option<&str>,
         name: &str,
         lookups: &[(&str, Option<&str>)],
-    ) -> crate::engine::CompiledRule {
+    ) -> initium_engine::CompiledRule {
         let lookups: Vec<Value> = lookups
             .iter()
             .enumerate()

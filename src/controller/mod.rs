@@ -87,9 +87,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::admission::state::Shared;
-use crate::api::FailurePolicy;
 use crate::tls::{Tls, TlsError, TlsSource};
 use duty::Supervisor;
+use initium_engine::api::FailurePolicy;
 use vocabulary::{Leader, Readiness, Stop};
 
 pub use leader::LeaseSettings;

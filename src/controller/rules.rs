@@ -7,7 +7,7 @@
 //! of the webhook configuration), so what `kubectl get` shows in READY is what runs. One bad
 //! rule never stops the others.
 
-use crate::engine::human_bytes;
+use initium_engine::human_bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -26,8 +26,8 @@ use super::duty::{Context, Duty};
 use super::vocabulary::{ControllerError, READY, Readiness, json_hash};
 use super::webhooks::{Inputs, RuleNeeds};
 use crate::admission::state::Shared;
-use crate::api::{ClusterMutationRule, MutationRule, RuleSpec, RuleStatus};
-use crate::engine::{
+use initium_engine::api::{ClusterMutationRule, MutationRule, RuleSpec, RuleStatus};
+use initium_engine::{
     CompiledRule, Dependency, Gvk, RuleErrors, RuleId, RuleIndex, cluster_scoped_message, compile,
 };
 
@@ -484,7 +484,7 @@ fn apply_lookup_quota(
             .map(|t| {
                 (
                     t.name.clone(),
-                    crate::untrusted::quote(&t.name).into_owned(),
+                    initium_engine::untrusted::quote(&t.name).into_owned(),
                 )
             })
             .collect()
@@ -535,7 +535,7 @@ fn apply_gate_object_quota(
                     ..
                 } => Some((
                     format!("{api_version}/{kind}/{}/{reads:?}", target.name),
-                    format!("{kind} {}", crate::untrusted::quote(&target.name)),
+                    format!("{kind} {}", initium_engine::untrusted::quote(&target.name)),
                 )),
                 _ => None,
             })
@@ -941,7 +941,7 @@ impl OwnCrds {
     /// seen (the first sighting is not a change: the watches started after it).
     fn changed(&mut self, crd: &PartialObjectMeta<CustomResourceDefinition>) -> bool {
         let name = crd.name_any();
-        let group = crate::api::GROUP;
+        let group = initium_engine::api::GROUP;
         if name != format!("mutationrules.{group}")
             && name != format!("clustermutationrules.{group}")
         {

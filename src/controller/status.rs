@@ -36,9 +36,9 @@ use super::duty::{Context, Duty};
 use super::rules::{RuleView, Snapshot, Verdict};
 use super::vocabulary::{ControllerError, FIELD_MANAGER, Leader, READY, json_hash};
 use super::webhooks::Inputs;
-use crate::api::{ClusterMutationRule, MutationRule, RuleStatus};
-use crate::engine::RuleId;
 use crate::report::report;
+use initium_engine::RuleId;
+use initium_engine::api::{ClusterMutationRule, MutationRule, RuleStatus};
 
 /// The condition kstatus reads as "failed": written beside `Ready=False` while the rule cannot
 /// become Ready without a change to its spec, removed otherwise.

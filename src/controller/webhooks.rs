@@ -42,9 +42,9 @@ use super::discovery::Served;
 use super::duty::{Context, Duty};
 use super::vocabulary::{ControllerError, FIELD_MANAGER, Leader};
 use crate::admission::{MUTATE_PATH, VALIDATE_PATH};
-use crate::api::{FailurePolicy, GROUP, Operation, VERSION};
-use crate::engine::{CompiledRule, KindPattern};
 use crate::report::report;
+use initium_engine::api::{FailurePolicy, GROUP, Operation, VERSION};
+use initium_engine::{CompiledRule, KindPattern};
 
 /// Name of the webhook for rules with `failurePolicy: Fail`.
 pub const FAIL_WEBHOOK: &str = "fail.initium.dev";

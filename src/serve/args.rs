@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::admission::Limits;
-use crate::engine::{Limits as RuleLimits, parse_duration};
+use initium_engine::{Limits as RuleLimits, parse_duration};
 
 /// Flags of `initium serve`.
 #[derive(clap::Args, Debug, Clone)]

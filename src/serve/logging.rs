@@ -1,7 +1,7 @@
 //! The log of `initium serve`: JSON (the default) or text, on stderr, filtered by `RUST_LOG`.
 
 use super::args::LogFormat;
-use crate::escape_controls;
+use initium_engine::untrusted::escape;
 
 /// The Kubernetes client's own log, off unless `RUST_LOG` names it. initium reports every
 /// error the client returns to it as a sentence (`crate::kube_errors`); the client's log says
@@ -70,7 +70,7 @@ pub(super) fn init_logging(format: LogFormat) {
 pub fn text_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
     use tracing_subscriber::field::MakeExt as _;
     tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
-        let text = escape_controls(&format!("{value:?}"));
+        let text = escape(&format!("{value:?}")).into_owned();
         if field.name() == "message" {
             write!(writer, "{text}")
         } else {

@@ -58,9 +58,9 @@ use super::duty::{Context, Duty};
 use super::rules::Snapshot;
 use super::vocabulary::{ControllerError, FIELD_MANAGER, Leader, Readiness};
 use crate::admission::state::Shared;
-use crate::api::GATED_LABEL;
-use crate::engine::RuleIndex;
 use crate::report::report;
+use initium_engine::RuleIndex;
+use initium_engine::api::GATED_LABEL;
 
 /// How often the duty looks whether the rule index is complete, until it is (in memory).
 const SYNC_CHECK: Duration = Duration::from_millis(100);

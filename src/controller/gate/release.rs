@@ -18,9 +18,9 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::time::Instant;
 
 use super::state::{GatedPod, Held, PodKey, Reason, Release};
-use crate::api::{GATE_PREFIX, GATED_LABEL};
 use crate::controller::vocabulary::FIELD_MANAGER;
 use crate::report::report;
+use initium_engine::api::{GATE_PREFIX, GATED_LABEL};
 
 /// Attempts per release: the first write and up to four after a 409.
 pub(crate) const MAX_ATTEMPTS: u32 = 5;

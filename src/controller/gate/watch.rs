@@ -24,8 +24,8 @@ use tokio::task::AbortHandle;
 
 use super::state::{Fact, ObjectKind, ObjectRef, Update, WatchKind};
 use crate::controller::duty::Context;
-use crate::engine::Reads;
 use crate::report::report;
+use initium_engine::Reads;
 
 /// The label that ties an EndpointSlice to its Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";

@@ -9,8 +9,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::pod::GatedPod;
 use super::world::{DepKey, World};
-use crate::api::OnTimeout;
-use crate::engine::{CompiledGate, Dependency, RuleId, RuleIndex};
+use initium_engine::api::OnTimeout;
+use initium_engine::{CompiledGate, Dependency, RuleId, RuleIndex};
 
 /// A Ready rule with a gate.
 #[derive(Clone, Debug)]

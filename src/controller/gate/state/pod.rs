@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{NodeAffinity, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{GATE_PREFIX, GATED_LABEL};
+use initium_engine::api::{GATE_PREFIX, GATED_LABEL};
 
 /// A Pod, by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -7,14 +7,14 @@ use serde_json::{Value, json};
 
 use super::world::DepKey;
 use super::*;
-use crate::api::GATED_LABEL;
-use crate::api::RuleSpec;
-use crate::engine::compile;
-use crate::engine::{Dependency, Reads, RuleId, RuleIndex};
+use initium_engine::api::GATED_LABEL;
+use initium_engine::api::RuleSpec;
+use initium_engine::compile;
+use initium_engine::{Dependency, Reads, RuleId, RuleIndex};
 
 const NS: &str = "shop";
 
-fn rule(id: RuleId, gate: Value) -> Arc<crate::engine::CompiledRule> {
+fn rule(id: RuleId, gate: Value) -> Arc<initium_engine::CompiledRule> {
     let spec: RuleSpec = serde_json::from_value(json!({
         "match": {"kinds": ["Pod"], "labels": {"matchLabels": {"app": "web"}}},
         "gate": gate,
@@ -23,11 +23,11 @@ fn rule(id: RuleId, gate: Value) -> Arc<crate::engine::CompiledRule> {
     Arc::new(compile(id, &spec).unwrap())
 }
 
-fn gates(rules: &[Arc<crate::engine::CompiledRule>]) -> Gates {
+fn gates(rules: &[Arc<initium_engine::CompiledRule>]) -> Gates {
     Gates::of(&RuleIndex::shared(rules.to_vec()))
 }
 
-fn gate_of(rule: &crate::engine::CompiledRule) -> String {
+fn gate_of(rule: &initium_engine::CompiledRule) -> String {
     rule.gate().unwrap().name.clone()
 }
 
@@ -807,7 +807,7 @@ fn slices_follow_their_service_label_and_relists_drop_what_is_gone() {
     let kind = WatchKind::EndpointSlices;
     let holds = |w: &World, service: &str| {
         w.holds(
-            &Dependency::Service(crate::engine::Target {
+            &Dependency::Service(initium_engine::Target {
                 namespace: None,
                 name: service.into(),
             }),
@@ -868,7 +868,7 @@ fn an_object_is_judged_once_for_all_the_pods_that_wait_on_it_until_what_it_reads
     let mut world = World::default();
     world.set_namespaced(&foo, true);
     let kind = WatchKind::Object(foo.clone());
-    let judged = || crate::engine::JUDGED.with(std::cell::Cell::get);
+    let judged = || initium_engine::JUDGED.with(std::cell::Cell::get);
     let releases = |world: &World| {
         pods.iter()
             .filter(|p| judge(p, &gates, world, &BTreeSet::new(), ts(1)).is_release())

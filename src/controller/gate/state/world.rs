@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::engine::Reads;
-use crate::engine::{Dependency, RuleId, Target};
+use initium_engine::Reads;
+use initium_engine::{Dependency, RuleId, Target};
 
 /// A kind the controller watches while some waiting Pod needs it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
