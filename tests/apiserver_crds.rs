@@ -1,5 +1,5 @@
 //! The CRDs and rules on a real kube-apiserver (see docs/control-plane.md): `crds/` is
-//! accepted, the examples apply, `kubectl get` and `kubectl explain` show what src/api.rs
+//! accepted, the examples apply, `kubectl get` and `kubectl explain` show what crates/engine/src/api.rs
 //! promises, bad rules are rejected with readable messages, status is written only through the
 //! status subresource, and `null` in merge patches survives a round trip (RFC 7396 deletes with
 //! it).
@@ -393,7 +393,7 @@ fn example_rules_apply_and_kubectl_get_shows_them_with_printer_columns() {
 #[test]
 fn kubectl_explain_shows_the_field_documentation() {
     install_crds();
-    // Phrases from the doc comments in src/api.rs.
+    // Phrases from the doc comments in crates/engine/src/api.rs.
     let cases = [
         (
             "mutationrule",
@@ -401,11 +401,11 @@ fn kubectl_explain_shows_the_field_documentation() {
         ),
         (
             "mutationrule.spec.mutations",
-            "The mutations, applied in order; each sees the result of the previous one. A rule is atomic: if one mutation fails, none of the rule's changes are kept. May be empty only when the rule has a `gate`.",
+            "The mutations, applied in order; each sees the result of the previous one. Each sets one kind: `merge`, `patch`, `upsert`, `rewrite`, `defaults`, `remove`, or `forEach` (with `mutations`). A rule is atomic: if one mutation fails, none of the rule's changes are kept. May be empty only when the rule has a `gate`.",
         ),
         (
             "mutationrule.spec.mutations.merge",
-            "RFC 7396 JSON merge patch applied to the object (or the `forEach` element). `null` removes a field.",
+            "RFC 7396 JSON merge patch applied to the object (in a `forEach`, to the element). `null` removes a field.",
         ),
         (
             "clustermutationrule.spec.match.kinds",
@@ -435,6 +435,27 @@ fn kubectl_explain_shows_the_field_documentation() {
                 Err(format!("expected the phrase {phrase:?}\n{run}"))
             }
         });
+    }
+    // What `kubectl explain` prints of `spec.mutations` names every kind of mutation, and
+    // lists each as a field.
+    let run = kubectl(&["explain", "mutationrule.spec.mutations"]);
+    let (description, fields) = run
+        .stdout()
+        .split_once("FIELDS:")
+        .map(|(d, f)| (d.to_string(), f.to_string()))
+        .unwrap_or_else(|| panic!("no FIELDS in {run}"));
+    for kind in initium::api::MUTATION_KINDS {
+        assert!(
+            description.contains(&format!("`{kind}`")),
+            "the description of spec.mutations does not name {kind}:\n{run}"
+        );
+        assert!(
+            fields
+                .lines()
+                .any(|line| line.trim_start().starts_with(&format!("{kind}\t"))
+                    || line.trim_start().starts_with(&format!("{kind} "))),
+            "spec.mutations has no field {kind}:\n{run}"
+        );
     }
 }
 

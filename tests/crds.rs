@@ -15,7 +15,7 @@ fn crds_directory_matches_the_code() {
         let on_disk = std::fs::read_to_string(dir.join(&file)).unwrap_or_default();
         assert!(
             on_disk == generated,
-            "crds/{file} is out of date with src/api.rs: run `cargo run -- crd --out-dir crds` and review the diff"
+            "crds/{file} is out of date with crates/engine/src/api.rs: run `cargo run -- crd --out-dir crds` and review the diff"
         );
         expected_files.push(file);
     }

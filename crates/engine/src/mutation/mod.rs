@@ -5,13 +5,13 @@
 //!
 //! # Adding a kind of mutation
 //!
-//! 1. `src/api.rs`: one entry in the `mutation_kinds!` list: the field (with the doc comment
+//! 1. `api.rs` (this crate): one entry in the `mutation_kinds!` list: the field (with the doc comment
 //!    `kubectl explain` prints), its name as a rule writes it and its `MutationKind` variant.
 //!    Both `Mutation` and `ElementMutation`, `MUTATION_KINDS`, `MutationKind` and the CRD's
 //!    descriptions and "exactly one of" CEL rules follow from that list (a kind an element
 //!    cannot take, like `forEach`, is written outside it): regenerate the CRDs
 //!    (`cargo run -- crd --out-dir crds`) and review the diff.
-//! 2. `src/engine/mutation/<kind>.rs`: the compiled form, `compile` (through [`Compiler`],
+//! 2. `mutation/<kind>.rs`: the compiled form, `compile` (through [`Compiler`],
 //!    which compiles templates, pointers and regular expressions and records the errors) and
 //!    `apply` (through [`Site`]: [`Site::render`] its templates against the object as it is
 //!    now, then change [`Site::target`]). Failures that only this kind meets go into
