@@ -589,7 +589,12 @@ pub(crate) fn watchdog(settings: &Settings, dir: &Path) -> Result<()> {
             return Ok(());
         };
         if !alive(pid) || process::start_time(pid) != Some(start) {
-            break pid;
+            // `up` hands the plane over (or lets it go) before it exits: whether it did is in
+            // the file now, not in what was read before it exited.
+            if std::fs::read_to_string(dir.join(OWNER)).unwrap_or_default() == line {
+                break pid;
+            }
+            continue;
         }
         sleep(Duration::from_secs(1));
     };
