@@ -139,6 +139,9 @@ enum Command {
     },
     /// Print the directory holding the binaries, building nothing
     BinDir,
+    /// Print the usage (as `--help` does)
+    #[command(hide = true)]
+    Help,
     /// Run `down` once the owner recorded in DIR has exited (started by `up`)
     #[command(name = "_watchdog", hide = true)]
     Watchdog {
@@ -175,7 +178,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::from_env()?;
-    let Some(command) = cli.command else {
+    let Some(command) = cli.command.filter(|c| !matches!(c, Command::Help)) else {
         print!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
     };
@@ -231,6 +234,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ));
         }
         Command::BinDir => println!("{}", settings.bin_dir.display()),
+        Command::Help => print!("{USAGE}"),
         Command::Watchdog { dir } => plane::watchdog(&settings, &settings::absolute(dir)?)?,
     }
     Ok(ExitCode::SUCCESS)
