@@ -14,7 +14,10 @@ pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `scripts/control-plane` in this repository.
+/// `scripts/control-plane` in this repository: a shim that runs the Rust harness
+/// (`crates/plane`) through `cargo run`. The tests call the shim, the documented command,
+/// rather than the binary: cargo does not hold its build lock while tests run, so the shim
+/// builds the harness when it changed (no test depends on another package's binary).
 pub fn control_plane_script() -> PathBuf {
     root().join("scripts/control-plane")
 }

@@ -1,0 +1,278 @@
+//! A cluster with nodes (`up --nodes N`): kube-controller-manager, kube-scheduler and kwok
+//! on the plane's API server, and N Nodes for kwok to simulate.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::log;
+use crate::plane::{self, Started, read_port};
+use crate::process::free_ports;
+use crate::settings::{K8S_VERSION, KWOK_VERSION, NODE_COMPONENTS, Settings};
+
+/// The Pod network kwok hands out Pod IPs from. Nothing routes to it (no container runs); it
+/// is apart from the service range (10.0.0.0/24) so that EndpointSlices hold believable,
+/// unique addresses.
+const POD_CIDR: &str = "10.244.0.0/16";
+/// kwok manages the Nodes that carry this annotation (and only those).
+const KWOK_NODE_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
+
+/// The command that starts node component NAME serving on the port in DIR/NAME.port, with
+/// the extra flags saved in DIR/NAME.extra-args at `up`.
+pub(crate) fn command(settings: &Settings, dir: &Path, name: &str) -> Result<Command> {
+    let port = read_port(dir, name)?;
+    let path = |file: String| dir.join(file).display().to_string();
+    let kubeconfig = path(format!("{name}.kubeconfig"));
+    let pki = |file: &str| dir.join("pki").join(file).display().to_string();
+    let mut command = Command::new(settings.bin(name));
+    command.arg(format!("--kubeconfig={kubeconfig}"));
+    // The controller manager and the scheduler serve /healthz and /metrics over HTTPS on
+    // 127.0.0.1 (a self-signed certificate in DIR/NAME-certs), checking tokens and
+    // permissions with the API server. They do not look up client CAs in
+    // kube-system/extension-apiserver-authentication: it has no request-header CA (the API
+    // server has no front proxy), which they would log as an error every 20 seconds.
+    let serving = [
+        "--bind-address=127.0.0.1".to_owned(),
+        format!("--secure-port={port}"),
+        format!("--cert-dir={}", path(format!("{name}-certs"))),
+        format!("--authentication-kubeconfig={kubeconfig}"),
+        "--authentication-skip-lookup=true".to_owned(),
+        format!("--authorization-kubeconfig={kubeconfig}"),
+    ];
+    match name {
+        "kube-controller-manager" => {
+            // All default controllers, each with its own service account
+            // (--use-service-account-credentials), as kubeadm runs it: RBAC is then
+            // exercised as in a real cluster. The tokens controller signs with the key
+            // kube-apiserver verifies and issues with (sa.key), and puts the plane's CA into
+            // every namespace (kube-root-ca.crt). The flex volume directory would otherwise
+            // be created under /usr/libexec.
+            command
+                .args(serving)
+                .arg("--leader-elect=false")
+                .arg("--controllers=*")
+                .arg("--use-service-account-credentials=true")
+                .arg(format!(
+                    "--service-account-private-key-file={}",
+                    pki("sa.key")
+                ))
+                .arg(format!("--root-ca-file={}", pki("ca.crt")))
+                .arg(format!("--cluster-signing-cert-file={}", pki("ca.crt")))
+                .arg(format!("--cluster-signing-key-file={}", pki("ca.key")))
+                .arg("--service-cluster-ip-range=10.0.0.0/24")
+                .arg(format!(
+                    "--flex-volume-plugin-dir={}",
+                    path(format!("{name}-flexvolume"))
+                ))
+                .arg("--profiling=false");
+        }
+        "kube-scheduler" => {
+            command
+                .args(serving)
+                .arg("--leader-elect=false")
+                .arg("--profiling=false");
+        }
+        "kwok" => {
+            // HOME is DIR/kwok-home: kwok would otherwise also load ~/.kwok/kwok.yaml,
+            // whatever a developer keeps there. The node IP is loopback so that anything the
+            // API server sends "to a kubelet" (kubectl logs, exec) stays on this machine and
+            // is refused.
+            let home = dir.join("kwok-home");
+            std::fs::create_dir_all(&home)
+                .with_context(|| format!("cannot create {}", home.display()))?;
+            let (key, value) = KWOK_NODE_ANNOTATION;
+            command
+                .env("HOME", &home)
+                .arg(format!(
+                    "--config={}",
+                    settings.wrappers.join("kwok/stages.yaml").display()
+                ))
+                .arg("--manage-all-nodes=false")
+                .arg(format!(
+                    "--manage-nodes-with-annotation-selector={key}={value}"
+                ))
+                .arg("--node-lease-duration-seconds=40")
+                .arg("--node-ip=127.0.0.1")
+                .arg(format!("--cidr={POD_CIDR}"))
+                .arg(format!("--server-address=127.0.0.1:{port}"));
+        }
+        _ => bail!("unknown node component: {name}"),
+    }
+    command.args(plane::extra_args(dir, name));
+    Ok(command)
+}
+
+/// Starts them all at once on free ports, then waits until each is healthy (retrying one
+/// whose port was taken).
+fn start_components(
+    settings: &Settings,
+    dir: &Path,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    let mut pending: Vec<&str> = NODE_COMPONENTS.to_vec();
+    for attempt in 1..=3 {
+        for (name, port) in pending.iter().zip(free_ports(pending.len())?) {
+            std::fs::write(dir.join(format!("{name}.port")), format!("{port}\n"))?;
+            plane::launch(settings, dir, name)?;
+        }
+        let mut retry = Vec::new();
+        for name in pending {
+            match plane::wait_healthy(dir, name, deadline, timeout)? {
+                Started::Healthy => {}
+                Started::Failed => bail!("{name} did not start"),
+                Started::PortTaken => {
+                    log(format_args!(
+                        "{name}: port taken, retrying (attempt {attempt})"
+                    ));
+                    let log_file = dir.join(format!("{name}.log"));
+                    let _ = std::fs::rename(
+                        &log_file,
+                        log_file.with_extension(format!("log.{attempt}")),
+                    );
+                    retry.push(name);
+                }
+            }
+        }
+        if retry.is_empty() {
+            return Ok(());
+        }
+        pending = retry;
+    }
+    bail!(
+        "{} did not start: their ports were taken three times",
+        pending.join(", ")
+    )
+}
+
+/// The cached kubectl as the plane's administrator.
+fn kubectl_admin(settings: &Settings, dir: &Path) -> Command {
+    let mut command = Command::new(settings.bin("kubectl"));
+    command
+        .arg(format!("--kubeconfig={}", dir.join("kubeconfig").display()))
+        .arg("--request-timeout=5s");
+    command
+}
+
+/// Nodes kwok-node-1 ... kwok-node-N for kwok to manage. Their capacity fits a few hundred
+/// Pods each (benchmarks roll out 100+ Pods); kwok's node-initialize stage keeps it and makes
+/// the Node Ready.
+fn create_nodes(settings: &Settings, dir: &Path, n: u32) -> Result<()> {
+    let (key, value) = KWOK_NODE_ANNOTATION;
+    let manifest: String = (1..=n)
+        .map(|i| {
+            format!(
+                "---
+apiVersion: v1
+kind: Node
+metadata:
+  name: kwok-node-{i}
+  annotations:
+    {key}: {value}
+  labels:
+    type: kwok
+    kubernetes.io/arch: amd64
+    kubernetes.io/os: linux
+    kubernetes.io/hostname: kwok-node-{i}
+status:
+  allocatable: {{cpu: '64', memory: 256Gi, pods: '250'}}
+  capacity: {{cpu: '64', memory: 256Gi, pods: '250'}}
+"
+            )
+        })
+        .collect();
+    let mut child = kubectl_admin(settings, dir)
+        .args(["create", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot run kubectl")?;
+    child
+        .stdin
+        .take()
+        .context("kubectl has no stdin")?
+        .write_all(manifest.as_bytes())?;
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        bail!(
+            "kubectl create of the nodes failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// N kwok Nodes are Ready and untainted (the controller manager lifts the not-ready taint
+/// once a Node is Ready).
+fn nodes_schedulable(settings: &Settings, dir: &Path, n: u32) -> bool {
+    let template = r#"go-template={{range .items}}{{if not .spec.taints}}{{range .status.conditions}}{{if and (eq .type "Ready") (eq .status "True")}}ready {{end}}{{end}}{{end}}{{end}}"#;
+    let Ok(output) = kubectl_admin(settings, dir)
+        .args(["get", "nodes", "-l", "type=kwok", "-o", template])
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return false;
+    };
+    output.status.success()
+        && String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .count()
+            == n as usize
+}
+
+/// Polls `check` every half second until it holds or the deadline passes.
+fn wait_until(
+    deadline: Instant,
+    timeout: Duration,
+    what: &str,
+    check: impl Fn() -> bool,
+) -> Result<()> {
+    while !check() {
+        if Instant::now() >= deadline {
+            bail!("{what}: not after {}s", timeout.as_secs());
+        }
+        sleep(Duration::from_millis(500));
+    }
+    Ok(())
+}
+
+/// The node components, N Nodes, and a wait until Pods can be created (the default
+/// ServiceAccount exists) and scheduled onto the Nodes.
+pub(crate) fn start(settings: &Settings, dir: &Path, n: u32, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let apiserver = read_port(dir, "kube-apiserver")?;
+    for name in NODE_COMPONENTS {
+        plane::write_kubeconfig(dir, apiserver, Some(name))?;
+        plane::save_extra_args(dir, name)?;
+    }
+    log(format_args!(
+        "starting kube-controller-manager and kube-scheduler {K8S_VERSION}, kwok {KWOK_VERSION}"
+    ));
+    start_components(settings, dir, deadline, timeout)?;
+    log(format_args!("creating {n} simulated node(s)"));
+    create_nodes(settings, dir, n)?;
+    wait_until(
+        deadline,
+        timeout,
+        &format!("{n} node(s) Ready and schedulable"),
+        || nodes_schedulable(settings, dir, n),
+    )?;
+    wait_until(
+        deadline,
+        timeout,
+        "the default ServiceAccount in namespace default",
+        || {
+            kubectl_admin(settings, dir)
+                .args(["get", "serviceaccount", "default", "--namespace=default"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        },
+    )
+}

@@ -1,0 +1,632 @@
+//! A plane in its directory: `up`, `down`, `env`, `status` and the watchdog, and how etcd
+//! and kube-apiserver are launched and probed.
+
+use std::fmt::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, ExitCode};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use base64::Engine;
+
+use crate::process::{self, WATCHDOG, alive, free_ports, print_log_tail, read_pid, running};
+use crate::settings::{ETCD_VERSION, K8S_VERSION, MARKER, NODE_COMPONENTS, Settings, var};
+use crate::{build, log, nodes, pki, probe::Probe, set_quiet};
+
+/// Who the watchdog watches: "PID START-TIME" of the process whose exit takes the plane
+/// down. While `up` runs, `up` itself (a Ctrl-C or a kill during startup leaves nothing
+/// behind); afterwards the `--owner-pid`, or no file at all (the plane stays until `down`,
+/// and the watchdog exits).
+const OWNER: &str = "watchdog.owner";
+
+/// `--nodes N`: 1 or more.
+pub(crate) fn parse_nodes(value: &str) -> Result<u32> {
+    match value.parse::<u32>() {
+        Ok(n) if n >= 1 && !value.starts_with(['+', '0']) => Ok(n),
+        _ => bail!("--nodes takes the number of nodes to simulate (1 or more), not '{value}'"),
+    }
+}
+
+/// The plane in DIR was started with --nodes (DIR/nodes holds N).
+pub(crate) fn has_nodes(dir: &Path) -> bool {
+    std::fs::metadata(dir.join("nodes")).is_ok_and(|m| m.len() > 0)
+}
+
+fn plane_running(dir: &Path) -> bool {
+    running(dir, "kube-apiserver").is_some() || running(dir, "etcd").is_some()
+}
+
+pub(crate) fn read_port(dir: &Path, name: &str) -> Result<u16> {
+    let path = dir.join(format!("{name}.port"));
+    std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .trim()
+        .parse()
+        .with_context(|| format!("{} does not hold a port", path.display()))
+}
+
+fn write_file(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The flags added to NAME (split on spaces): saved in DIR/NAME.extra-args at `up`, so that
+/// `start-component` starts it with the same ones.
+pub(crate) fn extra_args(dir: &Path, name: &str) -> Vec<String> {
+    let saved = std::fs::read_to_string(dir.join(format!("{name}.extra-args")))
+        .ok()
+        .or_else(|| extra_args_var(name).and_then(var))
+        .unwrap_or_default();
+    saved.split_whitespace().map(str::to_owned).collect()
+}
+
+/// The environment variable that adds flags to NAME at `up`.
+pub(crate) fn extra_args_var(name: &str) -> Option<&'static str> {
+    match name {
+        "kube-apiserver" => Some("INITIUM_PLANE_APISERVER_ARGS"),
+        "kube-controller-manager" => Some("INITIUM_PLANE_CONTROLLER_MANAGER_ARGS"),
+        "kube-scheduler" => Some("INITIUM_PLANE_SCHEDULER_ARGS"),
+        "kwok" => Some("INITIUM_PLANE_KWOK_ARGS"),
+        _ => None,
+    }
+}
+
+/// Saves the flags `up` adds to NAME from its environment variable.
+pub(crate) fn save_extra_args(dir: &Path, name: &str) -> Result<()> {
+    let value = extra_args_var(name).and_then(var).unwrap_or_default();
+    write_file(
+        &dir.join(format!("{name}.extra-args")),
+        &format!("{value}\n"),
+    )
+}
+
+/// Starts NAME on the ports in DIR/*.port: etcd with its data in DIR/etcd-data (kept if it
+/// exists: a restarted etcd has the same data), kube-apiserver storing in that etcd, or a
+/// node component.
+pub(crate) fn launch(settings: &Settings, dir: &Path, name: &str) -> Result<()> {
+    let mut command;
+    match name {
+        "etcd" => {
+            let port = read_port(dir, "etcd")?;
+            let peer = read_port(dir, "etcd-peer")?;
+            command = Command::new(settings.bin("etcd"));
+            command
+                .arg("--name=initium")
+                .arg(format!("--data-dir={}", dir.join("etcd-data").display()))
+                .arg(format!("--listen-client-urls=http://127.0.0.1:{port}"))
+                .arg(format!("--advertise-client-urls=http://127.0.0.1:{port}"))
+                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+                ))
+                .arg(format!("--initial-cluster=initium=http://127.0.0.1:{peer}"))
+                .arg("--unsafe-no-fsync")
+                .arg(format!("--quota-backend-bytes={}", 512 * 1024 * 1024))
+                .arg("--log-level=warn");
+        }
+        "kube-apiserver" => {
+            let port = read_port(dir, "kube-apiserver")?;
+            let etcd = read_port(dir, "etcd")?;
+            let pki = dir.join("pki");
+            let file = |name: &str| pki.join(name).display().to_string();
+            command = Command::new(settings.bin("kube-apiserver"));
+            command
+                .arg(format!("--etcd-servers=http://127.0.0.1:{etcd}"))
+                .arg("--bind-address=127.0.0.1")
+                .arg("--advertise-address=127.0.0.1")
+                .arg(format!("--secure-port={port}"))
+                .arg(format!(
+                    "--cert-dir={}",
+                    dir.join("apiserver-certs").display()
+                ))
+                .arg(format!("--tls-cert-file={}", file("apiserver.crt")))
+                .arg(format!("--tls-private-key-file={}", file("apiserver.key")))
+                .arg(format!("--client-ca-file={}", file("ca.crt")))
+                .arg("--service-account-issuer=https://kubernetes.default.svc")
+                .arg(format!("--service-account-key-file={}", file("sa.pub")))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    file("sa.key")
+                ))
+                .arg("--service-cluster-ip-range=10.0.0.0/24")
+                .arg("--authorization-mode=RBAC");
+            // Without a controller manager nobody creates the `default` ServiceAccount that
+            // the ServiceAccount admission plugin requires of every Pod, so a bare plane
+            // disables the plugin. A plane with nodes has it, as real clusters do: Pods get
+            // their service account and its token volume.
+            if !has_nodes(dir) {
+                command.arg("--disable-admission-plugins=ServiceAccount");
+            }
+            command
+                .arg("--feature-gates=MutatingAdmissionPolicy=true")
+                .arg("--runtime-config=admissionregistration.k8s.io/v1beta1=true")
+                .arg("--allow-privileged=true")
+                .arg("--profiling=false")
+                .args(extra_args(dir, name));
+        }
+        _ => command = nodes::command(settings, dir, name)?,
+    }
+    process::spawn(dir, name, command)?;
+    Ok(())
+}
+
+/// How NAME says it is healthy: a check to poll.
+fn health(dir: &Path, name: &str) -> Result<Box<dyn Fn() -> bool>> {
+    let port = read_port(dir, name)?;
+    Ok(match name {
+        "etcd" => Box::new(move || {
+            Probe::Http
+                .get(port, "/health")
+                .is_ok_and(|body| body.contains(r#""health":"true""#))
+        }),
+        "kube-apiserver" => {
+            let pki = dir.join("pki");
+            let probe = Probe::with_client_cert(
+                &pki.join("ca.crt"),
+                &pki.join("admin.crt"),
+                &pki.join("admin.key"),
+            )?;
+            Box::new(move || probe.get(port, "/readyz").is_ok_and(|b| b.trim() == "ok"))
+        }
+        // kwok serves /healthz over HTTP; the controller manager and the scheduler over
+        // HTTPS with a certificate of their own.
+        "kwok" => Box::new(move || {
+            Probe::Http
+                .get(port, "/healthz")
+                .is_ok_and(|b| b.trim() == "ok")
+        }),
+        _ => {
+            let probe = Probe::any_certificate()?;
+            Box::new(move || probe.get(port, "/healthz").is_ok_and(|b| b.trim() == "ok"))
+        }
+    })
+}
+
+/// How a start ended.
+#[derive(PartialEq, Eq)]
+pub(crate) enum Started {
+    Healthy,
+    /// It died with "address already in use": try other ports.
+    PortTaken,
+    Failed,
+}
+
+/// Polls NAME's health until it answers, it dies, or the deadline passes.
+pub(crate) fn wait_healthy(
+    dir: &Path,
+    name: &str,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Started> {
+    let pid = read_pid(dir, name).with_context(|| format!("{name} has no pid file"))?;
+    let healthy = health(dir, name)?;
+    loop {
+        if healthy() {
+            return Ok(Started::Healthy);
+        }
+        if !alive(pid) {
+            if process::port_was_taken(&dir.join(format!("{name}.log"))) {
+                return Ok(Started::PortTaken);
+            }
+            log(format_args!("{name} exited during startup"));
+            return Ok(Started::Failed);
+        }
+        if Instant::now() >= deadline {
+            log(format_args!(
+                "{name} was not healthy after {}s",
+                timeout.as_secs()
+            ));
+            return Ok(Started::Failed);
+        }
+        sleep(Duration::from_millis(250));
+    }
+}
+
+/// Starts NAME on new free ports (one per name in `ports`, written to DIR/PORT.port), three
+/// times at most when another process takes a port first.
+fn start_on_free_ports(
+    settings: &Settings,
+    dir: &Path,
+    name: &str,
+    ports: &[&str],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    for attempt in 1..=3 {
+        for (port_name, port) in ports.iter().zip(free_ports(ports.len())?) {
+            write_file(&dir.join(format!("{port_name}.port")), &format!("{port}\n"))?;
+        }
+        if name == "etcd" {
+            let _ = std::fs::remove_dir_all(dir.join("etcd-data"));
+        }
+        launch(settings, dir, name)?;
+        match wait_healthy(dir, name, deadline, timeout)? {
+            Started::Healthy => return Ok(()),
+            Started::Failed => bail!("{name} did not start"),
+            Started::PortTaken => {
+                log(format_args!(
+                    "{name}: port taken, retrying (attempt {attempt})"
+                ));
+                let log_file = dir.join(format!("{name}.log"));
+                let _ =
+                    std::fs::rename(&log_file, log_file.with_extension(format!("log.{attempt}")));
+            }
+        }
+    }
+    bail!("{name} did not start: its ports were taken three times")
+}
+
+/// DIR/kubeconfig for the admin, or DIR/NAME.kubeconfig with the client certificate of node
+/// component NAME.
+pub(crate) fn write_kubeconfig(dir: &Path, port: u16, name: Option<&str>) -> Result<()> {
+    let (cert, file, user) = match name {
+        Some(name) => (name, dir.join(format!("{name}.kubeconfig")), name),
+        None => ("admin", dir.join("kubeconfig"), "initium-admin"),
+    };
+    let b64 = |file: &str| -> Result<String> {
+        let path = dir.join("pki").join(file);
+        let bytes =
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+    };
+    let text = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: initium-plane
+  cluster:
+    server: https://127.0.0.1:{port}
+    certificate-authority-data: {ca}
+users:
+- name: {user}
+  user:
+    client-certificate-data: {crt}
+    client-key-data: {key}
+contexts:
+- name: initium-plane
+  context:
+    cluster: initium-plane
+    user: {user}
+current-context: initium-plane
+",
+        ca = b64("ca.crt")?,
+        crt = b64(&format!("{cert}.crt"))?,
+        key = b64(&format!("{cert}.key"))?,
+    );
+    write_file(&file, &text)?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// Refuses to start where etcd cannot write. etcd preallocates a 64 MiB WAL segment and
+/// panics with "no space left on device" deep in its log when it cannot; say so before
+/// anything starts instead.
+fn check_free_space(dir: &Path) -> Result<()> {
+    let need = var("INITIUM_PLANE_MIN_FREE_MIB").unwrap_or_else(|| "256".to_owned());
+    let Some(need_mib) = need
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| need.parse::<u64>().ok())
+        .flatten()
+    else {
+        bail!("INITIUM_PLANE_MIN_FREE_MIB is a number of MiB, not '{need}'");
+    };
+    // DIR may not exist yet: ask about the closest directory that does.
+    let Some(at) = dir.ancestors().find(|at| at.is_dir()) else {
+        return Ok(());
+    };
+    let Ok(stat) = rustix::fs::statvfs(at) else {
+        return Ok(());
+    };
+    let free = stat.f_bavail.saturating_mul(stat.f_frsize) / (1024 * 1024);
+    if free < need_mib {
+        bail!(
+            "only {free} MiB are free on the file system of {}, and a control plane needs at least {need_mib} MiB (etcd preallocates a 64 MiB write-ahead log); free some space there, or choose another --dir",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// "PID START-TIME" of a running process, for the watchdog.
+fn owner_line(pid: u32) -> Result<String> {
+    let start = process::start_time(pid).with_context(|| format!("pid {pid} is not running"))?;
+    Ok(format!("{pid} {start}\n"))
+}
+
+/// The command `up`.
+pub(crate) fn up(
+    settings: &Settings,
+    dir: &Path,
+    owner: Option<&str>,
+    nodes: Option<u32>,
+) -> Result<()> {
+    let start = Instant::now();
+    let owner = match owner {
+        None => None,
+        Some(value) => match value.parse::<u32>() {
+            Ok(pid) if alive(pid) => Some(pid),
+            _ => bail!("--owner-pid {value} is not a running process"),
+        },
+    };
+    let shown = dir.display();
+    if dir.exists() && !dir.is_dir() {
+        bail!("{shown} exists and is not a directory; choose another --dir");
+    }
+    if dir.is_dir() {
+        if plane_running(dir) {
+            bail!(
+                "a control plane is already running in {shown} (stop it with: {} down --dir {shown})",
+                settings.command
+            );
+        }
+        if dir.join(MARKER).exists() {
+            log(format_args!(
+                "removing leftovers of a stopped plane in {shown}"
+            ));
+            down(settings, dir)?;
+        } else if std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read {shown}"))?
+            .next()
+            .is_some()
+        {
+            bail!("{shown} exists and is not empty; refusing to use it");
+        }
+    }
+    if !build::have_binaries(settings) || (nodes.is_some() && !build::have_node_binaries(settings))
+    {
+        build::build(settings, nodes.is_some(), false)?;
+    }
+    let timeout = settings.timeout()?;
+    check_free_space(dir)?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {shown}"))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    write_file(&dir.join(MARKER), "")?;
+
+    // From here on, a failure tears down what was started; so does the watchdog if this
+    // process dies first (Ctrl-C, a kill).
+    let started = process::write_atomically(&dir.join(OWNER), &owner_line(std::process::id())?)
+        .and_then(|()| process::spawn(dir, WATCHDOG, process::watchdog_command(dir)?))
+        .and_then(|_| start_plane(settings, dir, nodes, timeout))
+        .and_then(|()| match owner {
+            Some(pid) => process::write_atomically(&dir.join(OWNER), &owner_line(pid)?),
+            None => Ok(std::fs::remove_file(dir.join(OWNER))?),
+        });
+    if let Err(error) = started {
+        log(format_args!("error: {error:#}"));
+        let mut names = vec!["etcd", "kube-apiserver"];
+        names.extend(NODE_COMPONENTS);
+        names.push(WATCHDOG);
+        for name in names {
+            print_log_tail(dir, name);
+        }
+        set_quiet(true);
+        let _ = down(settings, dir);
+        set_quiet(false);
+        bail!("starting the control plane in {shown} failed");
+    }
+
+    let apiserver = read_port(dir, "kube-apiserver")?;
+    let etcd = read_port(dir, "etcd")?;
+    log(format_args!(
+        "up in {}s: kube-apiserver https://127.0.0.1:{apiserver}, etcd http://127.0.0.1:{etcd}",
+        start.elapsed().as_secs()
+    ));
+    if let Some(n) = nodes {
+        log(format_args!(
+            "with kube-controller-manager, kube-scheduler and {n} node(s) simulated by kwok"
+        ));
+    }
+    if let Some(pid) = owner {
+        log(format_args!("it stops by itself when pid {pid} exits"));
+    }
+    let mut logs = format!(
+        "{}/etcd.log {}/kube-apiserver.log",
+        dir.display(),
+        dir.display()
+    );
+    if nodes.is_some() {
+        for name in NODE_COMPONENTS {
+            let _ = write!(logs, " {}/{name}.log", dir.display());
+        }
+    }
+    let with_nodes = nodes.map_or_else(String::new, |n| format!(" with {n} node(s)"));
+    let command = &settings.command;
+    print!(
+        "Control plane running in {shown}{with_nodes}
+  kubeconfig: {shown}/kubeconfig
+  logs:       {logs}
+Use it with:
+  eval \"$({command} env --dir {shown})\"
+Stop it with:
+  {command} down --dir {shown}
+"
+    );
+    Ok(())
+}
+
+/// Certificates, etcd, kube-apiserver, and with `nodes` the rest of a cluster.
+fn start_plane(
+    settings: &Settings,
+    dir: &Path,
+    nodes: Option<u32>,
+    timeout: Duration,
+) -> Result<()> {
+    // Before kube-apiserver starts: it reads whether the plane has nodes.
+    if let Some(n) = nodes {
+        write_file(&dir.join("nodes"), &format!("{n}\n"))?;
+    }
+    pki::generate(dir, nodes.is_some())?;
+    let deadline = Instant::now() + timeout;
+    log(format_args!("starting etcd {ETCD_VERSION}"));
+    start_on_free_ports(
+        settings,
+        dir,
+        "etcd",
+        &["etcd", "etcd-peer"],
+        deadline,
+        timeout,
+    )?;
+    log(format_args!("starting kube-apiserver {K8S_VERSION}"));
+    // start-component starts kube-apiserver again with the same flags.
+    save_extra_args(dir, "kube-apiserver")?;
+    start_on_free_ports(
+        settings,
+        dir,
+        "kube-apiserver",
+        &["kube-apiserver"],
+        deadline,
+        timeout,
+    )?;
+    write_kubeconfig(dir, read_port(dir, "kube-apiserver")?, None)?;
+    if let Some(n) = nodes {
+        nodes::start(settings, dir, n, timeout)?;
+    }
+    Ok(())
+}
+
+/// The command `down`: stops what `up` started in DIR, in order, and removes DIR.
+pub(crate) fn down(settings: &Settings, dir: &Path) -> Result<()> {
+    let shown = dir.display();
+    if !dir.is_dir() {
+        log(format_args!("no control plane in {shown}"));
+        return Ok(());
+    }
+    if !dir.join(MARKER).exists() {
+        bail!(
+            "{shown} was not created by {} up; not touching it",
+            settings.command
+        );
+    }
+    // The watchdog first, so that it does not race with us; then the API server's clients
+    // before the API server, and etcd last.
+    for name in [
+        WATCHDOG,
+        "kwok",
+        "kube-scheduler",
+        "kube-controller-manager",
+        "kube-apiserver",
+        "etcd",
+    ] {
+        process::stop(dir, name);
+    }
+    std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {shown}"))?;
+    log(format_args!("stopped; removed {shown}"));
+    Ok(())
+}
+
+/// `s` as one word for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_./:=@%+,-".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// The command `env`: lines for `eval`.
+pub(crate) fn env(settings: &Settings, dir: &Path) -> Result<()> {
+    if !plane_running(dir) {
+        bail!(
+            "no control plane is running in {shown} (start one with: {} up --dir {shown})",
+            settings.command,
+            shown = dir.display()
+        );
+    }
+    let kubeconfig = dir.join("kubeconfig");
+    println!(
+        "export KUBECONFIG={}",
+        shell_quote(&kubeconfig.display().to_string())
+    );
+    println!(
+        "export PATH={}:\"$PATH\"",
+        shell_quote(&settings.bin_dir.display().to_string())
+    );
+    Ok(())
+}
+
+/// The command `status`: which processes run; failure if one of the plane's does not.
+pub(crate) fn status(_settings: &Settings, dir: &Path) -> Result<ExitCode> {
+    let mut names = vec!["etcd", "kube-apiserver"];
+    if has_nodes(dir) {
+        names.extend(NODE_COMPONENTS);
+    }
+    names.push(WATCHDOG);
+    let mut code = ExitCode::SUCCESS;
+    for name in names {
+        match running(dir, name) {
+            Some(pid) => println!("{name}: running (pid {pid})"),
+            None if name != WATCHDOG => {
+                println!("{name}: not running");
+                code = ExitCode::FAILURE;
+            }
+            None => {}
+        }
+    }
+    Ok(code)
+}
+
+/// The watchdog (`_watchdog --dir DIR`): runs `down` once the process in DIR/watchdog.owner
+/// has exited (or another process got its pid); exits when the file goes away or the plane
+/// is stopped by someone else.
+pub(crate) fn watchdog(settings: &Settings, dir: &Path) -> Result<()> {
+    let owner = loop {
+        if !dir.join(MARKER).exists() {
+            return Ok(()); // stopped by someone else
+        }
+        let line = std::fs::read_to_string(dir.join(OWNER)).unwrap_or_default();
+        let mut fields = line.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(pid)), Some(Ok(start))) = (fields.next(), fields.next()) else {
+            // No owner: the plane runs until `down`.
+            if read_pid(dir, WATCHDOG) == Some(std::process::id()) {
+                let _ = std::fs::remove_file(dir.join(format!("{WATCHDOG}.pid")));
+            }
+            return Ok(());
+        };
+        let Ok(pid) = u32::try_from(pid) else {
+            return Ok(());
+        };
+        if !alive(pid) || process::start_time(pid) != Some(start) {
+            // `up` hands the plane over (or lets it go) before it exits: whether it did is in
+            // the file now, not in what was read before it exited.
+            if std::fs::read_to_string(dir.join(OWNER)).unwrap_or_default() == line {
+                break pid;
+            }
+            continue;
+        }
+        sleep(Duration::from_secs(1));
+    };
+    log(format_args!(
+        "owner pid {owner} exited; stopping the control plane"
+    ));
+    down(settings, dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_lines_quote_what_a_shell_would_split() {
+        assert_eq!(shell_quote("/tmp/x-1/kubeconfig"), "/tmp/x-1/kubeconfig");
+        assert_eq!(shell_quote("/tmp/a b"), "'/tmp/a b'");
+        assert_eq!(shell_quote("/tmp/it's"), r"'/tmp/it'\''s'");
+        assert_eq!(shell_quote("/tmp/$x"), "'/tmp/$x'");
+    }
+
+    #[test]
+    fn nodes_is_a_positive_number() {
+        assert_eq!(parse_nodes("3").ok(), Some(3));
+        for bad in ["0", "-1", "x", "", "01", "+2"] {
+            let error = parse_nodes(bad).err().map(|e| e.to_string());
+            assert_eq!(
+                error,
+                Some(format!(
+                    "--nodes takes the number of nodes to simulate (1 or more), not '{bad}'"
+                ))
+            );
+        }
+    }
+}
