@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use crate::log;
+use crate::log::log;
 use crate::process::on_path;
 use crate::settings::{ETCD_VERSION, HELM_VERSION, K8S_VERSION, KWOK_VERSION, Settings};
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
-use crate::plane::{self, Started};
+use crate::launch::{self, Started};
 use crate::process::{self, print_log_tail, running};
 use crate::settings::{MARKER, NODE_COMPONENTS, Settings};
 
@@ -62,7 +62,7 @@ pub(crate) fn parse(
     let Some(name) = NODE_COMPONENTS.into_iter().find(|&name| name == component) else {
         bail!("unknown component: {component} ({names})");
     };
-    if !plane::has_nodes(&dir) {
+    if !launch::has_nodes(&dir) {
         bail!(
             "the plane in {} has no {name}: it runs only in a plane started with up --nodes N",
             dir.display()
@@ -89,16 +89,16 @@ pub(crate) fn start(settings: &Settings, dir: &Path, name: &str) -> Result<()> {
     let deadline = Instant::now() + timeout;
     // The old process's sockets may linger for a moment: retry on "address already in use".
     for attempt in 1..=5 {
-        crate::log(format_args!("starting {name} again"));
-        plane::launch(settings, dir, name)?;
-        match plane::wait_healthy(dir, name, deadline, timeout)? {
+        crate::log::log(format_args!("starting {name} again"));
+        launch::launch(settings, dir, name)?;
+        match launch::wait_healthy(dir, name, deadline, timeout)? {
             Started::Healthy => return Ok(()),
             Started::Failed => {
                 print_log_tail(dir, name);
                 bail!("{name} did not start again");
             }
             Started::PortTaken => {
-                crate::log(format_args!("{name}: port still taken (attempt {attempt})"));
+                crate::log::log(format_args!("{name}: port still taken (attempt {attempt})"));
                 sleep(Duration::from_secs(1));
             }
         }

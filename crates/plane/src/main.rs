@@ -5,6 +5,8 @@
 
 mod build;
 mod component;
+mod launch;
+mod log;
 mod nodes;
 mod pki;
 mod plane;
@@ -14,10 +16,10 @@ mod settings;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Parser, Subcommand};
 
+use crate::log::{log, set_quiet};
 use crate::settings::Settings;
 
 const USAGE: &str = "\
@@ -148,20 +150,6 @@ enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
-}
-
-/// Set while `up` takes down a plane that failed to start: what `down` says then is noise.
-static QUIET: AtomicBool = AtomicBool::new(false);
-
-/// A line on stderr, as every message of the harness.
-pub(crate) fn log(message: impl std::fmt::Display) {
-    if !QUIET.load(Ordering::Relaxed) {
-        eprintln!("control-plane: {message}");
-    }
-}
-
-pub(crate) fn set_quiet(quiet: bool) {
-    QUIET.store(quiet, Ordering::Relaxed);
 }
 
 fn main() -> ExitCode {

@@ -9,102 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::log;
-use crate::plane::{self, Started, read_port};
+use crate::launch::{self, KWOK_NODE_ANNOTATION, Started, read_port};
+use crate::log::log;
 use crate::process::free_ports;
 use crate::settings::{K8S_VERSION, KWOK_VERSION, NODE_COMPONENTS, Settings};
-
-/// The Pod network kwok hands out Pod IPs from. Nothing routes to it (no container runs); it
-/// is apart from the service range (10.0.0.0/24) so that EndpointSlices hold believable,
-/// unique addresses.
-const POD_CIDR: &str = "10.244.0.0/16";
-/// kwok manages the Nodes that carry this annotation (and only those).
-const KWOK_NODE_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
-
-/// The command that starts node component NAME serving on the port in DIR/NAME.port, with
-/// the extra flags saved in DIR/NAME.extra-args at `up`.
-pub(crate) fn command(settings: &Settings, dir: &Path, name: &str) -> Result<Command> {
-    let port = read_port(dir, name)?;
-    let path = |file: String| dir.join(file).display().to_string();
-    let kubeconfig = path(format!("{name}.kubeconfig"));
-    let pki = |file: &str| dir.join("pki").join(file).display().to_string();
-    let mut command = Command::new(settings.bin(name));
-    command.arg(format!("--kubeconfig={kubeconfig}"));
-    // The controller manager and the scheduler serve /healthz and /metrics over HTTPS on
-    // 127.0.0.1 (a self-signed certificate in DIR/NAME-certs), checking tokens and
-    // permissions with the API server. They do not look up client CAs in
-    // kube-system/extension-apiserver-authentication: it has no request-header CA (the API
-    // server has no front proxy), which they would log as an error every 20 seconds.
-    let serving = [
-        "--bind-address=127.0.0.1".to_owned(),
-        format!("--secure-port={port}"),
-        format!("--cert-dir={}", path(format!("{name}-certs"))),
-        format!("--authentication-kubeconfig={kubeconfig}"),
-        "--authentication-skip-lookup=true".to_owned(),
-        format!("--authorization-kubeconfig={kubeconfig}"),
-    ];
-    match name {
-        "kube-controller-manager" => {
-            // All default controllers, each with its own service account
-            // (--use-service-account-credentials), as kubeadm runs it: RBAC is then
-            // exercised as in a real cluster. The tokens controller signs with the key
-            // kube-apiserver verifies and issues with (sa.key), and puts the plane's CA into
-            // every namespace (kube-root-ca.crt). The flex volume directory would otherwise
-            // be created under /usr/libexec.
-            command
-                .args(serving)
-                .arg("--leader-elect=false")
-                .arg("--controllers=*")
-                .arg("--use-service-account-credentials=true")
-                .arg(format!(
-                    "--service-account-private-key-file={}",
-                    pki("sa.key")
-                ))
-                .arg(format!("--root-ca-file={}", pki("ca.crt")))
-                .arg(format!("--cluster-signing-cert-file={}", pki("ca.crt")))
-                .arg(format!("--cluster-signing-key-file={}", pki("ca.key")))
-                .arg("--service-cluster-ip-range=10.0.0.0/24")
-                .arg(format!(
-                    "--flex-volume-plugin-dir={}",
-                    path(format!("{name}-flexvolume"))
-                ))
-                .arg("--profiling=false");
-        }
-        "kube-scheduler" => {
-            command
-                .args(serving)
-                .arg("--leader-elect=false")
-                .arg("--profiling=false");
-        }
-        "kwok" => {
-            // HOME is DIR/kwok-home: kwok would otherwise also load ~/.kwok/kwok.yaml,
-            // whatever a developer keeps there. The node IP is loopback so that anything the
-            // API server sends "to a kubelet" (kubectl logs, exec) stays on this machine and
-            // is refused.
-            let home = dir.join("kwok-home");
-            std::fs::create_dir_all(&home)
-                .with_context(|| format!("cannot create {}", home.display()))?;
-            let (key, value) = KWOK_NODE_ANNOTATION;
-            command
-                .env("HOME", &home)
-                .arg(format!(
-                    "--config={}",
-                    settings.wrappers.join("kwok/stages.yaml").display()
-                ))
-                .arg("--manage-all-nodes=false")
-                .arg(format!(
-                    "--manage-nodes-with-annotation-selector={key}={value}"
-                ))
-                .arg("--node-lease-duration-seconds=40")
-                .arg("--node-ip=127.0.0.1")
-                .arg(format!("--cidr={POD_CIDR}"))
-                .arg(format!("--server-address=127.0.0.1:{port}"));
-        }
-        _ => bail!("unknown node component: {name}"),
-    }
-    command.args(plane::extra_args(dir, name));
-    Ok(command)
-}
 
 /// Starts them all at once on free ports, then waits until each is healthy (retrying one
 /// whose port was taken).
@@ -118,11 +26,11 @@ fn start_components(
     for attempt in 1..=3 {
         for (name, port) in pending.iter().zip(free_ports(pending.len())?) {
             std::fs::write(dir.join(format!("{name}.port")), format!("{port}\n"))?;
-            plane::launch(settings, dir, name)?;
+            launch::launch(settings, dir, name)?;
         }
         let mut retry = Vec::new();
         for name in pending {
-            match plane::wait_healthy(dir, name, deadline, timeout)? {
+            match launch::wait_healthy(dir, name, deadline, timeout)? {
                 Started::Healthy => {}
                 Started::Failed => bail!("{name} did not start"),
                 Started::PortTaken => {
@@ -247,8 +155,8 @@ pub(crate) fn start(settings: &Settings, dir: &Path, n: u32, timeout: Duration) 
     let deadline = Instant::now() + timeout;
     let apiserver = read_port(dir, "kube-apiserver")?;
     for name in NODE_COMPONENTS {
-        plane::write_kubeconfig(dir, apiserver, Some(name))?;
-        plane::save_extra_args(dir, name)?;
+        launch::write_kubeconfig(dir, apiserver, Some(name))?;
+        launch::save_extra_args(dir, name)?;
     }
     log(format_args!(
         "starting kube-controller-manager and kube-scheduler {K8S_VERSION}, kwok {KWOK_VERSION}"

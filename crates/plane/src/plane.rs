@@ -4,16 +4,20 @@
 use std::fmt::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use base64::Engine;
 
+use crate::launch::{
+    self, Started, has_nodes, read_port, save_extra_args, wait_healthy, write_file,
+    write_kubeconfig,
+};
+use crate::log::{log, set_quiet};
 use crate::process::{self, WATCHDOG, alive, free_ports, print_log_tail, read_pid, running};
 use crate::settings::{ETCD_VERSION, K8S_VERSION, MARKER, NODE_COMPONENTS, Settings, var};
-use crate::{build, log, nodes, pki, probe::Probe, set_quiet};
+use crate::{build, nodes, pki};
 
 /// Who the watchdog watches: "PID START-TIME" of the process whose exit takes the plane
 /// down. While `up` runs, `up` itself (a Ctrl-C or a kill during startup leaves nothing
@@ -29,198 +33,8 @@ pub(crate) fn parse_nodes(value: &str) -> Result<u32> {
     }
 }
 
-/// The plane in DIR was started with --nodes (DIR/nodes holds N).
-pub(crate) fn has_nodes(dir: &Path) -> bool {
-    std::fs::metadata(dir.join("nodes")).is_ok_and(|m| m.len() > 0)
-}
-
 fn plane_running(dir: &Path) -> bool {
     running(dir, "kube-apiserver").is_some() || running(dir, "etcd").is_some()
-}
-
-pub(crate) fn read_port(dir: &Path, name: &str) -> Result<u16> {
-    let path = dir.join(format!("{name}.port"));
-    std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?
-        .trim()
-        .parse()
-        .with_context(|| format!("{} does not hold a port", path.display()))
-}
-
-fn write_file(path: &Path, contents: &str) -> Result<()> {
-    std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// The flags added to NAME (split on spaces): saved in DIR/NAME.extra-args at `up`, so that
-/// `start-component` starts it with the same ones.
-pub(crate) fn extra_args(dir: &Path, name: &str) -> Vec<String> {
-    let saved = std::fs::read_to_string(dir.join(format!("{name}.extra-args")))
-        .ok()
-        .or_else(|| extra_args_var(name).and_then(var))
-        .unwrap_or_default();
-    saved.split_whitespace().map(str::to_owned).collect()
-}
-
-/// The environment variable that adds flags to NAME at `up`.
-pub(crate) fn extra_args_var(name: &str) -> Option<&'static str> {
-    match name {
-        "kube-apiserver" => Some("INITIUM_PLANE_APISERVER_ARGS"),
-        "kube-controller-manager" => Some("INITIUM_PLANE_CONTROLLER_MANAGER_ARGS"),
-        "kube-scheduler" => Some("INITIUM_PLANE_SCHEDULER_ARGS"),
-        "kwok" => Some("INITIUM_PLANE_KWOK_ARGS"),
-        _ => None,
-    }
-}
-
-/// Saves the flags `up` adds to NAME from its environment variable.
-pub(crate) fn save_extra_args(dir: &Path, name: &str) -> Result<()> {
-    let value = extra_args_var(name).and_then(var).unwrap_or_default();
-    write_file(
-        &dir.join(format!("{name}.extra-args")),
-        &format!("{value}\n"),
-    )
-}
-
-/// Starts NAME on the ports in DIR/*.port: etcd with its data in DIR/etcd-data (kept if it
-/// exists: a restarted etcd has the same data), kube-apiserver storing in that etcd, or a
-/// node component.
-pub(crate) fn launch(settings: &Settings, dir: &Path, name: &str) -> Result<()> {
-    let mut command;
-    match name {
-        "etcd" => {
-            let port = read_port(dir, "etcd")?;
-            let peer = read_port(dir, "etcd-peer")?;
-            command = Command::new(settings.bin("etcd"));
-            command
-                .arg("--name=initium")
-                .arg(format!("--data-dir={}", dir.join("etcd-data").display()))
-                .arg(format!("--listen-client-urls=http://127.0.0.1:{port}"))
-                .arg(format!("--advertise-client-urls=http://127.0.0.1:{port}"))
-                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-                .arg(format!(
-                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-                ))
-                .arg(format!("--initial-cluster=initium=http://127.0.0.1:{peer}"))
-                .arg("--unsafe-no-fsync")
-                .arg(format!("--quota-backend-bytes={}", 512 * 1024 * 1024))
-                .arg("--log-level=warn");
-        }
-        "kube-apiserver" => {
-            let port = read_port(dir, "kube-apiserver")?;
-            let etcd = read_port(dir, "etcd")?;
-            let pki = dir.join("pki");
-            let file = |name: &str| pki.join(name).display().to_string();
-            command = Command::new(settings.bin("kube-apiserver"));
-            command
-                .arg(format!("--etcd-servers=http://127.0.0.1:{etcd}"))
-                .arg("--bind-address=127.0.0.1")
-                .arg("--advertise-address=127.0.0.1")
-                .arg(format!("--secure-port={port}"))
-                .arg(format!(
-                    "--cert-dir={}",
-                    dir.join("apiserver-certs").display()
-                ))
-                .arg(format!("--tls-cert-file={}", file("apiserver.crt")))
-                .arg(format!("--tls-private-key-file={}", file("apiserver.key")))
-                .arg(format!("--client-ca-file={}", file("ca.crt")))
-                .arg("--service-account-issuer=https://kubernetes.default.svc")
-                .arg(format!("--service-account-key-file={}", file("sa.pub")))
-                .arg(format!(
-                    "--service-account-signing-key-file={}",
-                    file("sa.key")
-                ))
-                .arg("--service-cluster-ip-range=10.0.0.0/24")
-                .arg("--authorization-mode=RBAC");
-            // Without a controller manager nobody creates the `default` ServiceAccount that
-            // the ServiceAccount admission plugin requires of every Pod, so a bare plane
-            // disables the plugin. A plane with nodes has it, as real clusters do: Pods get
-            // their service account and its token volume.
-            if !has_nodes(dir) {
-                command.arg("--disable-admission-plugins=ServiceAccount");
-            }
-            command
-                .arg("--feature-gates=MutatingAdmissionPolicy=true")
-                .arg("--runtime-config=admissionregistration.k8s.io/v1beta1=true")
-                .arg("--allow-privileged=true")
-                .arg("--profiling=false")
-                .args(extra_args(dir, name));
-        }
-        _ => command = nodes::command(settings, dir, name)?,
-    }
-    process::spawn(dir, name, command)?;
-    Ok(())
-}
-
-/// How NAME says it is healthy: a check to poll.
-fn health(dir: &Path, name: &str) -> Result<Box<dyn Fn() -> bool>> {
-    let port = read_port(dir, name)?;
-    Ok(match name {
-        "etcd" => Box::new(move || {
-            Probe::Http
-                .get(port, "/health")
-                .is_ok_and(|body| body.contains(r#""health":"true""#))
-        }),
-        "kube-apiserver" => {
-            let pki = dir.join("pki");
-            let probe = Probe::with_client_cert(
-                &pki.join("ca.crt"),
-                &pki.join("admin.crt"),
-                &pki.join("admin.key"),
-            )?;
-            Box::new(move || probe.get(port, "/readyz").is_ok_and(|b| b.trim() == "ok"))
-        }
-        // kwok serves /healthz over HTTP; the controller manager and the scheduler over
-        // HTTPS with a certificate of their own.
-        "kwok" => Box::new(move || {
-            Probe::Http
-                .get(port, "/healthz")
-                .is_ok_and(|b| b.trim() == "ok")
-        }),
-        _ => {
-            let probe = Probe::any_certificate()?;
-            Box::new(move || probe.get(port, "/healthz").is_ok_and(|b| b.trim() == "ok"))
-        }
-    })
-}
-
-/// How a start ended.
-#[derive(PartialEq, Eq)]
-pub(crate) enum Started {
-    Healthy,
-    /// It died with "address already in use": try other ports.
-    PortTaken,
-    Failed,
-}
-
-/// Polls NAME's health until it answers, it dies, or the deadline passes.
-pub(crate) fn wait_healthy(
-    dir: &Path,
-    name: &str,
-    deadline: Instant,
-    timeout: Duration,
-) -> Result<Started> {
-    let pid = read_pid(dir, name).with_context(|| format!("{name} has no pid file"))?;
-    let healthy = health(dir, name)?;
-    loop {
-        if healthy() {
-            return Ok(Started::Healthy);
-        }
-        if !alive(pid) {
-            if process::port_was_taken(&dir.join(format!("{name}.log"))) {
-                return Ok(Started::PortTaken);
-            }
-            log(format_args!("{name} exited during startup"));
-            return Ok(Started::Failed);
-        }
-        if Instant::now() >= deadline {
-            log(format_args!(
-                "{name} was not healthy after {}s",
-                timeout.as_secs()
-            ));
-            return Ok(Started::Failed);
-        }
-        sleep(Duration::from_millis(250));
-    }
 }
 
 /// Starts NAME on new free ports (one per name in `ports`, written to DIR/PORT.port), three
@@ -240,7 +54,7 @@ fn start_on_free_ports(
         if name == "etcd" {
             let _ = std::fs::remove_dir_all(dir.join("etcd-data"));
         }
-        launch(settings, dir, name)?;
+        launch::launch(settings, dir, name)?;
         match wait_healthy(dir, name, deadline, timeout)? {
             Started::Healthy => return Ok(()),
             Started::Failed => bail!("{name} did not start"),
@@ -255,48 +69,6 @@ fn start_on_free_ports(
         }
     }
     bail!("{name} did not start: its ports were taken three times")
-}
-
-/// DIR/kubeconfig for the admin, or DIR/NAME.kubeconfig with the client certificate of node
-/// component NAME.
-pub(crate) fn write_kubeconfig(dir: &Path, port: u16, name: Option<&str>) -> Result<()> {
-    let (cert, file, user) = match name {
-        Some(name) => (name, dir.join(format!("{name}.kubeconfig")), name),
-        None => ("admin", dir.join("kubeconfig"), "initium-admin"),
-    };
-    let b64 = |file: &str| -> Result<String> {
-        let path = dir.join("pki").join(file);
-        let bytes =
-            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
-    };
-    let text = format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: initium-plane
-  cluster:
-    server: https://127.0.0.1:{port}
-    certificate-authority-data: {ca}
-users:
-- name: {user}
-  user:
-    client-certificate-data: {crt}
-    client-key-data: {key}
-contexts:
-- name: initium-plane
-  context:
-    cluster: initium-plane
-    user: {user}
-current-context: initium-plane
-",
-        ca = b64("ca.crt")?,
-        crt = b64(&format!("{cert}.crt"))?,
-        key = b64(&format!("{cert}.key"))?,
-    );
-    write_file(&file, &text)?;
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
-    Ok(())
 }
 
 /// Refuses to start where etcd cannot write. etcd preallocates a 64 MiB WAL segment and

@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use rustix::process::{Pid, Signal};
 
-use crate::log;
+use crate::log::log;
 
 /// The name `pid_matches` knows the watchdog by: this binary, run as `_watchdog`.
 pub(crate) const WATCHDOG: &str = "watchdog";
@@ -279,7 +279,13 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
-        let seen = matches(pid, "cat", &dir);
+        // Right after the fork, /proc shows this test's command line until `cat` is exec'd.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut seen = matches(pid, "cat", &dir);
+        while !seen && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            seen = matches(pid, "cat", &dir);
+        }
         let wrong_name = matches(pid, "etcd", &dir);
         let wrong_dir = matches(pid, "cat", &dir.with_extension("other"));
         let prefix_only = matches(pid, "cat", Path::new(&format!("{}x", dir.display())));
