@@ -263,34 +263,18 @@ pub(crate) fn build(settings: &Settings, nodes: bool, helm: bool) -> Result<()> 
         go_build(settings, "etcd", "etcd", "go.etcd.io/etcd/server/v3", "")?;
     }
     let ldflags = k8s_ldflags(settings);
-    for name in ["kubectl", "kube-apiserver"] {
-        if !executable(&settings.bin(name)) {
-            go_build(
-                settings,
-                "kubernetes",
-                name,
-                &format!("k8s.io/kubernetes/cmd/{name}"),
-                &ldflags,
-            )?;
-        }
-    }
+    build_kubernetes(settings, &["kubectl", "kube-apiserver"], &ldflags)?;
     if nodes && !have_node_binaries(settings) {
         log(format_args!(
             "building kube-controller-manager, kube-scheduler {K8S_VERSION} and kwok {KWOK_VERSION} into {}",
             bin_dir.display()
         ));
         log("(once: a few minutes on 2 cores after kube-apiserver; about 9 on a busy machine)");
-        for name in ["kube-controller-manager", "kube-scheduler"] {
-            if !executable(&settings.bin(name)) {
-                go_build(
-                    settings,
-                    "kubernetes",
-                    name,
-                    &format!("k8s.io/kubernetes/cmd/{name}"),
-                    &ldflags,
-                )?;
-            }
-        }
+        build_kubernetes(
+            settings,
+            &["kube-controller-manager", "kube-scheduler"],
+            &ldflags,
+        )?;
         if !executable(&settings.bin("kwok")) || stamp(settings, "kwok") != KWOK_VERSION {
             let _ = std::fs::remove_file(settings.bin(".kwok.version"));
             go_build(settings, "kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok", "")?;
@@ -318,6 +302,22 @@ pub(crate) fn build(settings: &Settings, nodes: bool, helm: bool) -> Result<()> 
         start.elapsed().as_secs(),
         bin_dir.display()
     ));
+    Ok(())
+}
+
+/// Builds each of the Kubernetes commands `names` that is not in the cache yet.
+fn build_kubernetes(settings: &Settings, names: &[&str], ldflags: &str) -> Result<()> {
+    for name in names {
+        if !executable(&settings.bin(name)) {
+            go_build(
+                settings,
+                "kubernetes",
+                name,
+                &format!("k8s.io/kubernetes/cmd/{name}"),
+                ldflags,
+            )?;
+        }
+    }
     Ok(())
 }
 
