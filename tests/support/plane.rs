@@ -124,19 +124,38 @@ impl Plane {
         Plane::start_with(dir, nodes, &[])
     }
 
+    /// `scripts/control-plane up --dir DIR --real-node`, owned by this process: a cluster
+    /// whose one node runs real containers (containerd, runc, kubelet; root only).
+    pub fn start_real_node(dir: PathBuf) -> Result<Plane> {
+        Plane::start_options(dir, None, true, &[])
+    }
+
     /// [`Plane::start_cluster`] with extra environment for `up` (see [`Plane::up_cluster_with`]).
     fn start_with(dir: PathBuf, nodes: Option<u32>, env: &[(&str, String)]) -> Result<Plane> {
+        Plane::start_options(dir, nodes, false, env)
+    }
+
+    fn start_options(
+        dir: PathBuf,
+        nodes: Option<u32>,
+        real_node: bool,
+        env: &[(&str, String)],
+    ) -> Result<Plane> {
         let script = control_plane_script();
         let bin_dir = bin_dir()?;
         let mut binaries = vec!["etcd", "kube-apiserver", "kubectl"];
         if nodes.is_some() {
             binaries.extend(["kube-controller-manager", "kube-scheduler", "kwok"]);
         }
+        if real_node {
+            binaries.extend(["kubelet", "containerd", "runc", "pause.tar", "busybox"]);
+        }
         if !binaries.iter().all(|b| bin_dir.join(b).exists()) {
             // The first build takes minutes: its progress goes to stderr.
             let status = Command::new(&script)
                 .arg("build")
                 .args(nodes.map(|_| "--nodes"))
+                .args(real_node.then_some("--real-node"))
                 .stdout(Stdio::null())
                 .status()
                 .context("cannot run scripts/control-plane build")?;
@@ -152,6 +171,9 @@ impl Plane {
             .arg(std::process::id().to_string());
         if let Some(nodes) = nodes {
             up.arg("--nodes").arg(nodes.to_string());
+        }
+        if real_node {
+            up.arg("--real-node");
         }
         for (name, value) in env {
             let value = match std::env::var(name) {

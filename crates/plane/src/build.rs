@@ -11,7 +11,10 @@ use anyhow::{Context, Result, bail};
 
 use crate::log::log;
 use crate::process::on_path;
-use crate::settings::{ETCD_VERSION, HELM_VERSION, K8S_VERSION, KWOK_VERSION, Settings};
+use crate::settings::{
+    CNI_PLUGINS_VERSION, CONTAINERD_VERSION, ETCD_VERSION, HELM_VERSION, K8S_VERSION, KWOK_VERSION,
+    RUNC_VERSION, Settings,
+};
 
 fn executable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -40,6 +43,34 @@ pub(crate) fn have_node_binaries(settings: &Settings) -> bool {
         && stamp(settings, "kwok") == KWOK_VERSION
 }
 
+/// What `stamp(settings, "real-node")` says when the real node's binaries are current.
+fn real_node_stamp() -> String {
+    format!("containerd {CONTAINERD_VERSION} runc {RUNC_VERSION} cni-plugins {CNI_PLUGINS_VERSION}")
+}
+
+/// The commands of the real node (`up --real-node`): the kubelet, containerd with its shim
+/// and ctr, runc, the CNI plugins, and the pause image its sandboxes run.
+const REAL_NODE_BINARIES: [&str; 10] = [
+    "kubelet",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "runc",
+    "cni/bridge",
+    "cni/host-local",
+    "cni/loopback",
+    "pause",
+    "busybox",
+];
+
+pub(crate) fn have_real_node_binaries(settings: &Settings) -> bool {
+    REAL_NODE_BINARIES
+        .iter()
+        .all(|name| executable(&settings.bin(name)))
+        && settings.bin("pause.tar").is_file()
+        && stamp(settings, "real-node") == real_node_stamp()
+}
+
 /// helm, for the chart's tests; like kwok, its version is in a stamp file.
 fn have_helm(settings: &Settings) -> bool {
     executable(&settings.bin("helm")) && stamp(settings, "helm") == HELM_VERSION
@@ -52,6 +83,17 @@ fn check_pins(settings: &Settings) -> Result<()> {
         ("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION),
         ("kwok", "sigs.k8s.io/kwok", KWOK_VERSION),
         ("helm", "helm.sh/helm/v3", HELM_VERSION),
+        (
+            "node",
+            "github.com/containerd/containerd/v2",
+            CONTAINERD_VERSION,
+        ),
+        (
+            "node",
+            "github.com/containernetworking/plugins",
+            CNI_PLUGINS_VERSION,
+        ),
+        ("runc", "github.com/opencontainers/runc", RUNC_VERSION),
     ] {
         let go_mod = settings.wrappers.join(wrapper).join("go.mod");
         let text = std::fs::read_to_string(&go_mod)
@@ -176,8 +218,31 @@ fn go_build(
     package: &str,
     ldflags: &str,
 ) -> Result<()> {
+    go_build_with(settings, wrapper, name, package, ldflags, "", false)
+}
+
+/// `go_build` with build tags, and with cgo where the package needs it (runc).
+fn go_build_with(
+    settings: &Settings,
+    wrapper: &str,
+    name: &str,
+    package: &str,
+    ldflags: &str,
+    tags: &str,
+    cgo: bool,
+) -> Result<()> {
     let out = settings.bin(name);
-    let tmp = settings.bin(&format!(".{name}.tmp.{}", std::process::id()));
+    let tmp = out.with_file_name(format!(
+        ".{}.tmp.{}",
+        out.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
     let start = Instant::now();
     log(format_args!("building {name} ({package}) ..."));
     let status = Command::new("go")
@@ -186,6 +251,8 @@ fn go_build(
             "-mod=readonly",
             "-trimpath",
             "-buildvcs=false",
+            "-tags",
+            tags,
             "-ldflags",
         ])
         .arg(format!("-s -w {ldflags}"))
@@ -194,7 +261,7 @@ fn go_build(
         .arg(package)
         .current_dir(settings.wrappers.join(wrapper))
         .env("GOWORK", "off")
-        .env("CGO_ENABLED", "0")
+        .env("CGO_ENABLED", if cgo { "1" } else { "0" })
         // Go's output to stderr: stdout is for what the commands print (`bin-dir`, `env`).
         .stdout(stderr()?)
         .status();
@@ -212,14 +279,17 @@ fn go_build(
     Ok(())
 }
 
-/// The command `build [--nodes] [--helm]`: builds what is missing; with `nodes` also the
-/// binaries of a plane with nodes, with `helm` also helm.
-pub(crate) fn build(settings: &Settings, nodes: bool, helm: bool) -> Result<()> {
+/// The command `build [--nodes] [--helm] [--real-node]`: builds what is missing; with
+/// `nodes` also the binaries of a plane with nodes, with `helm` also helm, with `real_node`
+/// also those of the real node (and the node binaries, which it needs too).
+pub(crate) fn build(settings: &Settings, nodes: bool, helm: bool, real_node: bool) -> Result<()> {
+    let nodes = nodes || real_node;
     let bin_dir = &settings.bin_dir;
     let complete = |settings: &Settings| {
         have_binaries(settings)
             && (!nodes || have_node_binaries(settings))
             && (!helm || have_helm(settings))
+            && (!real_node || have_real_node_binaries(settings))
     };
     if complete(settings) {
         log(format_args!(
@@ -296,12 +366,205 @@ pub(crate) fn build(settings: &Settings, nodes: bool, helm: bool) -> Result<()> 
         )?;
         std::fs::write(settings.bin(".helm.version"), format!("{HELM_VERSION}\n"))?;
     }
+    if real_node && !have_real_node_binaries(settings) {
+        build_real_node(settings, &ldflags)?;
+    }
     drop(lock);
     log(format_args!(
         "done in {}s: {}",
         start.elapsed().as_secs(),
         bin_dir.display()
     ));
+    Ok(())
+}
+
+/// The real node's binaries, and the pause image from Kubernetes' own pause.c (in the
+/// k8s.io/kubernetes module the kubelet is built from), linked statically.
+fn build_real_node(settings: &Settings, k8s_ldflags: &str) -> Result<()> {
+    log(format_args!(
+        "building the real node: kubelet {K8S_VERSION}, containerd {CONTAINERD_VERSION}, runc {RUNC_VERSION}, CNI plugins {CNI_PLUGINS_VERSION} (once: about 4 minutes on 2 cores)"
+    ));
+    if !on_path("gcc") {
+        bail!(
+            "gcc is not installed (needed once to build runc and the pause image): apt-get install gcc libc6-dev"
+        );
+    }
+    let _ = std::fs::remove_file(settings.bin(".real-node.version"));
+    build_kubernetes(settings, &["kubelet"], k8s_ldflags)?;
+    // kind's tags: no storage drivers this node does not use.
+    let tags = "no_aufs no_zfs no_btrfs no_devmapper";
+    for name in ["containerd", "containerd-shim-runc-v2", "ctr"] {
+        go_build_with(
+            settings,
+            "node",
+            name,
+            &format!("github.com/containerd/containerd/v2/cmd/{name}"),
+            "",
+            tags,
+            false,
+        )?;
+    }
+    for (name, path) in [
+        ("bridge", "main/bridge"),
+        ("host-local", "ipam/host-local"),
+        ("loopback", "main/loopback"),
+    ] {
+        go_build_with(
+            settings,
+            "node",
+            &format!("cni/{name}"),
+            &format!("github.com/containernetworking/plugins/plugins/{path}"),
+            "",
+            "",
+            false,
+        )?;
+    }
+    // runc's nsenter is C: cgo; and seccomp (containerd gives every sandbox the runtime's
+    // default profile) links libseccomp.
+    apt_install("/usr/include/seccomp.h", "libseccomp-dev")?;
+    go_build_with(
+        settings,
+        "runc",
+        "runc",
+        "github.com/opencontainers/runc",
+        &format!("-X main.version={}", RUNC_VERSION.trim_start_matches('v')),
+        "seccomp",
+        true,
+    )?;
+    build_pause(settings)?;
+    fetch_busybox(settings)?;
+    std::fs::write(
+        settings.bin(".real-node.version"),
+        format!("{}\n", real_node_stamp()),
+    )?;
+    Ok(())
+}
+
+/// bin/pause from k8s.io/kubernetes' build/pause/linux/pause.c, and bin/pause.tar, its OCI
+/// image.
+fn build_pause(settings: &Settings) -> Result<()> {
+    let module = go_output(
+        settings,
+        "kubernetes",
+        &[
+            "mod",
+            "download",
+            "-json",
+            &format!("k8s.io/kubernetes@{K8S_VERSION}"),
+        ],
+    )
+    .context("cannot find the k8s.io/kubernetes module (go mod download)")?;
+    let module_dir = module
+        .lines()
+        .find_map(|line| {
+            let line = line.trim();
+            line.strip_prefix("\"Dir\": \"")
+                .and_then(|rest| rest.strip_suffix("\","))
+        })
+        .context("go mod download did not say where k8s.io/kubernetes is")?;
+    let source = Path::new(module_dir).join("build/pause/linux/pause.c");
+    let out = settings.bin("pause");
+    let status = Command::new("gcc")
+        .args(["-Os", "-Wall", "-static"])
+        .arg(format!("-DVERSION={K8S_VERSION}-initium"))
+        .arg("-o")
+        .arg(&out)
+        .arg(&source)
+        .stdout(stderr()?)
+        .status()
+        .context("cannot run gcc")?;
+    if !status.success() {
+        bail!(
+            "building the pause image from {} failed (a static link needs libc6-dev)",
+            source.display()
+        );
+    }
+    crate::oci::Image {
+        name: crate::realnode::PAUSE_IMAGE,
+        files: vec![crate::oci::File::from_disk("pause", &out, 0o755)?],
+        user: "65535:65535",
+        entrypoint: vec!["/pause".to_owned()],
+        cmd: Vec::new(),
+        env: Vec::new(),
+    }
+    .write(&settings.bin("pause.tar"))
+}
+
+/// Installs Debian's PACKAGE unless FILE (which it provides) is there; an `apt-get update`
+/// first when the package lists do not know it.
+fn apt_install(file: &str, package: &str) -> Result<()> {
+    if Path::new(file).exists() {
+        return Ok(());
+    }
+    log(format_args!("installing Debian's {package} (for {file})"));
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends", package])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !install() {
+        let _ = Command::new("apt-get")
+            .args(["update", "-qq"])
+            .stdout(stderr()?)
+            .status();
+        if !install() {
+            bail!(
+                "cannot install {package} (apt-get install {package}); the real node's runc needs it"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// bin/busybox from Debian's busybox-static (the test toolbox's shell and tools): the
+/// package is downloaded and unpacked into the cache, not installed.
+fn fetch_busybox(settings: &Settings) -> Result<()> {
+    let work = settings.bin(&format!(".busybox.tmp.{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let download = |work: &Path| {
+        Command::new("apt-get")
+            .args(["download", "busybox-static"])
+            .current_dir(work)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !download(&work) {
+        // A machine whose package lists were never fetched knows no package.
+        log("apt-get download busybox-static failed; running apt-get update first");
+        let _ = Command::new("apt-get")
+            .args(["update", "-qq"])
+            .stdout(stderr()?)
+            .status();
+        if !download(&work) {
+            let _ = std::fs::remove_dir_all(&work);
+            bail!(
+                "cannot download Debian's busybox-static (apt-get download busybox-static), which the test toolbox image needs"
+            );
+        }
+    }
+    let deb = std::fs::read_dir(&work)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download left no .deb")?;
+    let status = Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(&deb)
+        .arg(work.join("root"))
+        .status()
+        .context("cannot run dpkg-deb")?;
+    if !status.success() {
+        bail!("dpkg-deb -x {} failed", deb.display());
+    }
+    std::fs::rename(work.join("root/bin/busybox"), settings.bin("busybox"))
+        .context("busybox-static has no bin/busybox")?;
+    let _ = std::fs::remove_dir_all(&work);
     Ok(())
 }
 

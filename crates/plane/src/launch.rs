@@ -113,14 +113,33 @@ pub(crate) fn launch(settings: &Settings, dir: &Path, name: &str) -> Result<()> 
                     "--service-account-signing-key-file={}",
                     file("sa.key")
                 ))
-                .arg("--service-cluster-ip-range=10.0.0.0/24")
-                .arg("--authorization-mode=RBAC");
+                .arg("--service-cluster-ip-range=10.0.0.0/24");
             // Without a controller manager nobody creates the `default` ServiceAccount that
             // the ServiceAccount admission plugin requires of every Pod, so a bare plane
             // disables the plugin. A plane with nodes has it, as real clusters do: Pods get
             // their service account and its token volume.
             if !has_nodes(dir) {
                 command.arg("--disable-admission-plugins=ServiceAccount");
+            }
+            // With a real node: kubectl logs/exec and the kubelet's stats through the API
+            // server (its client certificate, which the kubelet checks against the CA); the
+            // Node authorizer for the kubelet's own requests, as in kubeadm's clusters; and
+            // webhooks called at the Pod IP behind their Service (no kube-proxy runs).
+            if crate::realnode::is_real_node(dir) {
+                command
+                    .arg(format!(
+                        "--kubelet-client-certificate={}",
+                        file("apiserver-kubelet-client.crt")
+                    ))
+                    .arg(format!(
+                        "--kubelet-client-key={}",
+                        file("apiserver-kubelet-client.key")
+                    ))
+                    .arg("--kubelet-preferred-address-types=InternalIP")
+                    .arg("--enable-aggregator-routing=true")
+                    .arg("--authorization-mode=Node,RBAC");
+            } else {
+                command.arg("--authorization-mode=RBAC");
             }
             command
                 .arg("--feature-gates=MutatingAdmissionPolicy=true")
@@ -302,9 +321,21 @@ fn node_command(settings: &Settings, dir: &Path, name: &str) -> Result<Command> 
 /// DIR/kubeconfig for the admin, or DIR/NAME.kubeconfig with the client certificate of node
 /// component NAME.
 pub(crate) fn write_kubeconfig(dir: &Path, port: u16, name: Option<&str>) -> Result<()> {
-    let (cert, file, user) = match name {
-        Some(name) => (name, dir.join(format!("{name}.kubeconfig")), name),
-        None => ("admin", dir.join("kubeconfig"), "initium-admin"),
+    let server = format!("https://127.0.0.1:{port}");
+    match name {
+        Some(name) => {
+            write_kubeconfig_at(dir, &server, name, &dir.join(format!("{name}.kubeconfig")))
+        }
+        None => write_kubeconfig_at(dir, &server, "admin", &dir.join("kubeconfig")),
+    }
+}
+
+/// FILE: a kubeconfig for SERVER with the client certificate DIR/pki/CERT.crt.
+pub(crate) fn write_kubeconfig_at(dir: &Path, server: &str, cert: &str, file: &Path) -> Result<()> {
+    let user = if cert == "admin" {
+        "initium-admin"
+    } else {
+        cert
     };
     let b64 = |file: &str| -> Result<String> {
         let path = dir.join("pki").join(file);
@@ -318,7 +349,7 @@ kind: Config
 clusters:
 - name: initium-plane
   cluster:
-    server: https://127.0.0.1:{port}
+    server: {server}
     certificate-authority-data: {ca}
 users:
 - name: {user}
@@ -336,7 +367,7 @@ current-context: initium-plane
         crt = b64(&format!("{cert}.crt"))?,
         key = b64(&format!("{cert}.key"))?,
     );
-    write_file(&file, &text)?;
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+    write_file(file, &text)?;
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))?;
     Ok(())
 }

@@ -5,13 +5,17 @@
 
 mod build;
 mod component;
+mod forward;
+mod image;
 mod launch;
 mod log;
 mod nodes;
+mod oci;
 mod pki;
 mod plane;
 mod probe;
 mod process;
+mod realnode;
 mod settings;
 
 use std::path::PathBuf;
@@ -28,11 +32,18 @@ local development, built from Go modules; with --nodes N, a whole cluster:
 also kube-controller-manager, kube-scheduler and kwok simulating N nodes.
 See docs/control-plane.md.
 
-  scripts/control-plane build [--nodes] [--helm] [--all]
+  scripts/control-plane build [--nodes] [--helm] [--real-node] [--all]
                                               build (or reuse) the binaries; --nodes also those
                                               of a cluster with nodes, --helm also helm (for the
-                                              chart's tests), --all both
-  scripts/control-plane up [--dir DIR] [--owner-pid PID] [--nodes N]
+                                              chart's tests), --real-node also the kubelet,
+                                              containerd, runc and the CNI plugins, --all all
+  scripts/control-plane up [--dir DIR] [--owner-pid PID] [--nodes N] [--real-node]
+                                              --real-node: also one node whose kubelet runs
+                                              real containers (root; see docs/control-plane.md)
+  scripts/control-plane image [--dir DIR] [--binary PATH] [--out DIR]
+                                              build initium:dev and toolbox:dev as OCI archives
+                                              (scripts/image); import them into a running real
+                                              node
   scripts/control-plane env [--dir DIR]       eval \"$(scripts/control-plane env)\"
   scripts/control-plane status [--dir DIR]
   scripts/control-plane down [--dir DIR]
@@ -85,7 +96,10 @@ enum Command {
         /// Also helm
         #[arg(long)]
         helm: bool,
-        /// Both
+        /// Also the real node's kubelet, containerd, runc and CNI plugins
+        #[arg(long)]
+        real_node: bool,
+        /// All of them
         #[arg(long)]
         all: bool,
     },
@@ -99,6 +113,21 @@ enum Command {
         /// A whole cluster with this many nodes simulated by kwok
         #[arg(long)]
         nodes: Option<String>,
+        /// Also one node whose kubelet runs real containers
+        #[arg(long)]
+        real_node: bool,
+    },
+    /// Build initium's image and the test toolbox as OCI archives; import them into the
+    /// real node of the plane in DIR if one runs
+    Image {
+        #[command(flatten)]
+        dir: DirArg,
+        /// initium's static binary (scripts/image builds it)
+        #[arg(long)]
+        binary: PathBuf,
+        /// Where the archives go
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Print `export KUBECONFIG=...` and `export PATH=...` for a running plane
     Env {
@@ -150,6 +179,18 @@ enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// The real node's first process, inside its namespaces (started by `up --real-node`)
+    #[command(name = "_node", hide = true)]
+    Node {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// The API server's Service address inside the real node (started by `up --real-node`)
+    #[command(name = "_forward", hide = true)]
+    Forward {
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -172,17 +213,36 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     let dir = |arg: DirArg| settings.plane_dir(arg.dir);
     match command {
-        Command::Build { nodes, helm, all } => {
-            build::build(&settings, nodes || all, helm || all)?;
+        Command::Build {
+            nodes,
+            helm,
+            real_node,
+            all,
+        } => {
+            build::build(&settings, nodes || all, helm || all, real_node || all)?;
         }
         Command::Up {
             dir: arg,
             owner_pid,
             nodes,
+            real_node,
         } => {
             let nodes = nodes.map(|n| plane::parse_nodes(&n)).transpose()?;
-            plane::up(&settings, &dir(arg)?, owner_pid.as_deref(), nodes)?;
+            plane::up(
+                &settings,
+                &dir(arg)?,
+                owner_pid.as_deref(),
+                nodes,
+                real_node,
+            )?;
         }
+        Command::Image {
+            dir: arg,
+            binary,
+            out,
+        } => image::build(&settings, &dir(arg)?, &binary, &out)?,
+        Command::Node { dir } => realnode::supervise(&settings, &settings::absolute(dir)?)?,
+        Command::Forward { dir } => forward::run(&settings::absolute(dir)?)?,
         Command::Env { dir: arg } => plane::env(&settings, &dir(arg)?)?,
         Command::Status { dir: arg } => return plane::status(&settings, &dir(arg)?),
         Command::Down { dir: arg } => plane::down(&settings, &dir(arg)?)?,

@@ -162,8 +162,10 @@ pub(crate) fn start(settings: &Settings, dir: &Path, n: u32, timeout: Duration) 
         "starting kube-controller-manager and kube-scheduler {K8S_VERSION}, kwok {KWOK_VERSION}"
     ));
     start_components(settings, dir, deadline, timeout)?;
-    log(format_args!("creating {n} simulated node(s)"));
-    create_nodes(settings, dir, n)?;
+    if n > 0 {
+        log(format_args!("creating {n} simulated node(s)"));
+        create_nodes(settings, dir, n)?;
+    }
     wait_until(
         deadline,
         timeout,

@@ -41,6 +41,10 @@ pub(crate) fn component_user(name: &str) -> (Option<&'static str>, &str) {
         "kube-controller-manager" => (None, "system:kube-controller-manager"),
         "kube-scheduler" => (None, "system:kube-scheduler"),
         "kwok" => (Some("system:masters"), "initium-kwok"),
+        // The real node's kubelet, as the Node authorizer knows it.
+        "kubelet" => (Some("system:nodes"), "system:node:initium-node"),
+        // kube-apiserver calling the kubelet (logs, exec, stats).
+        "apiserver-kubelet-client" => (Some("system:masters"), "kube-apiserver-kubelet-client"),
         _ => (Some("system:masters"), "initium-admin"),
     }
 }
@@ -111,7 +115,7 @@ fn sign(
 
 /// DIR/pki: ca.crt/.key, apiserver.crt/.key, admin.crt/.key, sa.key/sa.pub, and with
 /// `nodes` NAME.crt/.key for each node component.
-pub(crate) fn generate(dir: &Path, nodes: bool) -> Result<()> {
+pub(crate) fn generate(dir: &Path, nodes: bool, real_node: bool) -> Result<()> {
     let pki = dir.join("pki");
     std::fs::create_dir_all(&pki).with_context(|| format!("cannot create {}", pki.display()))?;
     std::fs::set_permissions(&pki, std::fs::Permissions::from_mode(0o700))?;
@@ -138,6 +142,9 @@ pub(crate) fn generate(dir: &Path, nodes: bool) -> Result<()> {
     let mut clients = vec!["admin"];
     if nodes {
         clients.extend(NODE_COMPONENTS);
+    }
+    if real_node {
+        clients.extend(["kubelet", "apiserver-kubelet-client"]);
     }
     for name in clients {
         let (organization, user) = component_user(name);

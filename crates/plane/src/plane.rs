@@ -17,7 +17,10 @@ use crate::launch::{
 use crate::log::{log, set_quiet};
 use crate::process::{self, WATCHDOG, alive, free_ports, print_log_tail, read_pid, running};
 use crate::settings::{ETCD_VERSION, K8S_VERSION, MARKER, NODE_COMPONENTS, Settings, var};
-use crate::{build, nodes, pki};
+use crate::{build, nodes, pki, realnode};
+
+/// The logs of a real node's processes (DIR/NAME.log).
+const REAL_NODE_LOGS: [&str; 4] = [realnode::FORWARD, realnode::NODE, "containerd", "kubelet"];
 
 /// Who the watchdog watches: "PID START-TIME" of the process whose exit takes the plane
 /// down. While `up` runs, `up` itself (a Ctrl-C or a kill during startup leaves nothing
@@ -113,8 +116,16 @@ pub(crate) fn up(
     dir: &Path,
     owner: Option<&str>,
     nodes: Option<u32>,
+    real_node: bool,
 ) -> Result<()> {
     let start = Instant::now();
+    // A real node needs the controller manager and the scheduler (Deployments, scheduling):
+    // a plane with nodes, kwok managing none when --nodes is not given.
+    let nodes = if real_node {
+        Some(nodes.unwrap_or(0))
+    } else {
+        nodes
+    };
     let owner = match owner {
         None => None,
         Some(value) => match value.parse::<u32>() {
@@ -146,9 +157,11 @@ pub(crate) fn up(
             bail!("{shown} exists and is not empty; refusing to use it");
         }
     }
-    if !build::have_binaries(settings) || (nodes.is_some() && !build::have_node_binaries(settings))
+    if !build::have_binaries(settings)
+        || (nodes.is_some() && !build::have_node_binaries(settings))
+        || (real_node && !build::have_real_node_binaries(settings))
     {
-        build::build(settings, nodes.is_some(), false)?;
+        build::build(settings, nodes.is_some(), false, real_node)?;
     }
     let timeout = settings.timeout()?;
     check_free_space(dir)?;
@@ -160,7 +173,7 @@ pub(crate) fn up(
     // process dies first (Ctrl-C, a kill).
     let started = process::write_atomically(&dir.join(OWNER), &owner_line(std::process::id())?)
         .and_then(|()| process::spawn(dir, WATCHDOG, process::watchdog_command(dir)?))
-        .and_then(|_| start_plane(settings, dir, nodes, timeout))
+        .and_then(|_| start_plane(settings, dir, nodes, real_node, timeout))
         .and_then(|()| match owner {
             Some(pid) => process::write_atomically(&dir.join(OWNER), &owner_line(pid)?),
             None => Ok(std::fs::remove_file(dir.join(OWNER))?),
@@ -169,6 +182,7 @@ pub(crate) fn up(
         log(format_args!("error: {error:#}"));
         let mut names = vec!["etcd", "kube-apiserver"];
         names.extend(NODE_COMPONENTS);
+        names.extend(REAL_NODE_LOGS);
         names.push(WATCHDOG);
         for name in names {
             print_log_tail(dir, name);
@@ -190,6 +204,12 @@ pub(crate) fn up(
             "with kube-controller-manager, kube-scheduler and {n} node(s) simulated by kwok"
         ));
     }
+    if real_node {
+        log(format_args!(
+            "with the real node {} (containerd, runc, kubelet {K8S_VERSION})",
+            realnode::NODE_NAME
+        ));
+    }
     if let Some(pid) = owner {
         log(format_args!("it stops by itself when pid {pid} exits"));
     }
@@ -203,7 +223,17 @@ pub(crate) fn up(
             let _ = write!(logs, " {}/{name}.log", dir.display());
         }
     }
-    let with_nodes = nodes.map_or_else(String::new, |n| format!(" with {n} node(s)"));
+    if real_node {
+        for name in REAL_NODE_LOGS {
+            let _ = write!(logs, " {}/{name}.log", dir.display());
+        }
+    }
+    let mut with_nodes = nodes
+        .filter(|&n| n > 0)
+        .map_or_else(String::new, |n| format!(" with {n} simulated node(s)"));
+    if real_node {
+        with_nodes += &format!(" with the real node {}", realnode::NODE_NAME);
+    }
     let command = &settings.command;
     print!(
         "Control plane running in {shown}{with_nodes}
@@ -223,13 +253,17 @@ fn start_plane(
     settings: &Settings,
     dir: &Path,
     nodes: Option<u32>,
+    real_node: bool,
     timeout: Duration,
 ) -> Result<()> {
-    // Before kube-apiserver starts: it reads whether the plane has nodes.
+    // Before kube-apiserver starts: it reads whether the plane has nodes, and a real one.
     if let Some(n) = nodes {
         write_file(&dir.join("nodes"), &format!("{n}\n"))?;
     }
-    pki::generate(dir, nodes.is_some())?;
+    if real_node {
+        realnode::mark(dir)?;
+    }
+    pki::generate(dir, nodes.is_some(), real_node)?;
     let deadline = Instant::now() + timeout;
     log(format_args!("starting etcd {ETCD_VERSION}"));
     start_on_free_ports(
@@ -255,6 +289,10 @@ fn start_plane(
     if let Some(n) = nodes {
         nodes::start(settings, dir, n, timeout)?;
     }
+    if real_node {
+        realnode::write_kubelet_kubeconfig(dir)?;
+        realnode::start(settings, dir, timeout)?;
+    }
     Ok(())
 }
 
@@ -272,9 +310,10 @@ pub(crate) fn down(settings: &Settings, dir: &Path) -> Result<()> {
         );
     }
     // The watchdog first, so that it does not race with us; then the API server's clients
-    // before the API server, and etcd last.
+    // before the API server (the real node first: its Pods' processes), and etcd last.
+    process::stop(dir, WATCHDOG);
+    let node = realnode::stop(dir);
     for name in [
-        WATCHDOG,
         "kwok",
         "kube-scheduler",
         "kube-controller-manager",
@@ -283,6 +322,7 @@ pub(crate) fn down(settings: &Settings, dir: &Path) -> Result<()> {
     ] {
         process::stop(dir, name);
     }
+    node?;
     std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {shown}"))?;
     log(format_args!("stopped; removed {shown}"));
     Ok(())
@@ -324,6 +364,9 @@ pub(crate) fn status(_settings: &Settings, dir: &Path) -> Result<ExitCode> {
     let mut names = vec!["etcd", "kube-apiserver"];
     if has_nodes(dir) {
         names.extend(NODE_COMPONENTS);
+    }
+    if realnode::is_real_node(dir) {
+        names.extend([realnode::FORWARD, realnode::NODE]);
     }
     names.push(WATCHDOG);
     let mut code = ExitCode::SUCCESS;

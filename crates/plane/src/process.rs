@@ -60,10 +60,14 @@ pub(crate) fn matches(pid: u32, name: &str, dir: &Path) -> bool {
         return false;
     };
     let program_is = |expected: &str| program == Some(OsStr::new(expected));
-    let is_program = if name == WATCHDOG {
-        program_is(env!("CARGO_PKG_NAME")) && args.get(1) == Some(&OsStr::new(WATCHDOG_ARG))
-    } else {
-        program_is(name)
+    let this_program_as =
+        |arg: &str| program_is(env!("CARGO_PKG_NAME")) && args.get(1) == Some(&OsStr::new(arg));
+    let is_program = match name {
+        WATCHDOG => this_program_as(WATCHDOG_ARG),
+        crate::realnode::FORWARD => this_program_as(crate::realnode::FORWARD_ARG),
+        // util-linux `unshare`, whose child is PID 1 of the node's PID namespace.
+        crate::realnode::NODE => program_is("unshare"),
+        _ => program_is(name),
     };
     if !is_program {
         return false;

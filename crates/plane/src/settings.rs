@@ -11,6 +11,10 @@ pub(crate) const K8S_VERSION: &str = "v1.34.4";
 pub(crate) const ETCD_VERSION: &str = "v3.6.16";
 pub(crate) const KWOK_VERSION: &str = "v0.8.0";
 pub(crate) const HELM_VERSION: &str = "v3.22.0";
+/// The real node's container runtime (scripts/control-plane.d/node and runc).
+pub(crate) const CONTAINERD_VERSION: &str = "v2.2.9";
+pub(crate) const RUNC_VERSION: &str = "v1.3.7";
+pub(crate) const CNI_PLUGINS_VERSION: &str = "v1.9.1";
 
 /// Written by `up`; `down` only deletes directories that carry it.
 pub(crate) const MARKER: &str = ".initium-control-plane";
