@@ -26,6 +26,13 @@
 //! With `--rollout`, the same configurations on a whole cluster (controller manager,
 //! scheduler, simulated nodes) time Deployments rolling out instead: see [`rollout`].
 //!
+//! With `--in-cluster`, initium is not a process beside the plane but what users run: its
+//! image (scripts/image) installed by the Helm chart on a real node (`up --real-node`), two
+//! replicas, called by the API server through its Service. The measured Pods carry a
+//! scheduling gate, so none is started: the node's work does not land on the measurement.
+//!
+//!     scripts/bench e2e --in-cluster --pods 300 --runs 3
+//!
 //!     scripts/bench e2e --rollout --replicas 100 --rounds 3
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
 
@@ -94,10 +101,16 @@ struct Args {
     #[arg(long, default_value_t = 3, requires = "rollout",
           value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
+    /// initium from its image, installed by the Helm chart on a real node (root only).
+    #[arg(long, conflicts_with_all = ["rollout", "kyverno"])]
+    in_cluster: bool,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
 }
+
+/// `--in-cluster`: the measured Pods carry a scheduling gate (nothing starts on the node).
+static HOLD_PODS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn main() {
     let args = Args::parse();
@@ -251,6 +264,10 @@ fn pod(name: &str) -> Result<Pod> {
         "metadata": {"name": name, "labels": {"app": "web", "pod-template-hash": "5d8f7c9b6"}},
         "spec": pod_spec(),
     });
+    let mut value = value;
+    if HOLD_PODS.load(std::sync::atomic::Ordering::Relaxed) {
+        value["spec"]["schedulingGates"] = json!([{"name": "bench.initium.dev/never"}]);
+    }
     serde_json::from_value(value).context("the benchmark's Pod")
 }
 
@@ -302,6 +319,17 @@ fn run(args: &Args) -> Result<()> {
 
     let plane = if args.rollout {
         Plane::up_cluster("e2e-rollout", NODES)?
+    } else if args.in_cluster {
+        HOLD_PODS.store(true, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "initium-bench-e2e-in-cluster-{}",
+            std::process::id()
+        ));
+        eprintln!(
+            "bench: starting a cluster with a real node in {}",
+            dir.display()
+        );
+        Plane::start_real_node(dir)?
     } else {
         Plane::up("e2e")?
     };
@@ -338,20 +366,25 @@ fn run(args: &Args) -> Result<()> {
             extra.push(config.namespace.into());
         }
     }
-    let initium = Initium::start(
-        &plane,
-        InitiumOptions {
-            namespace: "initium-bench".into(),
-            extra,
-            cpus: None,
-            log: log.clone(),
-        },
-    )?;
-    eprintln!(
-        "bench: initium serving (pid {}), log {}",
-        initium.pid(),
-        log.display()
-    );
+    let initium = if args.in_cluster {
+        Server::Pods(install_in_cluster(&plane, &configs)?)
+    } else {
+        let initium = Initium::start(
+            &plane,
+            InitiumOptions {
+                namespace: "initium-bench".into(),
+                extra,
+                cpus: None,
+                log: log.clone(),
+            },
+        )?;
+        eprintln!(
+            "bench: initium serving (pid {}), log {}",
+            initium.pid(),
+            log.display()
+        );
+        Server::Process(initium)
+    };
     let kyverno = if args.kyverno {
         Some(Kyverno::start(&plane, &kyverno_script)?)
     } else {
@@ -434,7 +467,7 @@ fn run(args: &Args) -> Result<()> {
         Measured::Creates(runs)
     };
     let memory = Memory {
-        initium_peak_kib: initium.memory()?.peak_kib,
+        initium_peak_kib: initium.peak_kib()?,
         kyverno_peak_kib: match &kyverno {
             Some(k) => Some(memory(k.child.id())?.peak_kib),
             None => None,
@@ -449,6 +482,115 @@ fn run(args: &Args) -> Result<()> {
             rollout::report(args, &configs, &seconds, &memory, &admission)
         }
     }
+}
+
+/// initium as the benchmark runs it: a process beside the plane, or the Pods of the chart.
+enum Server {
+    Process(Initium),
+    /// The host pids of the initium processes in the real node's Pods.
+    Pods(Vec<u32>),
+}
+
+impl Server {
+    /// Peak resident memory (VmHWM), of the largest replica in the cluster.
+    fn peak_kib(&self) -> Result<u64> {
+        match self {
+            Server::Process(initium) => Ok(initium.memory()?.peak_kib),
+            Server::Pods(pids) => {
+                let mut peak = 0;
+                for &pid in pids {
+                    peak = peak.max(memory(pid)?.peak_kib);
+                }
+                Ok(peak)
+            }
+        }
+    }
+}
+
+/// `--in-cluster`: scripts/image imports initium:dev into the real node, the chart installs
+/// it (two replicas) with the configurations that initium must not see excluded; returns the
+/// host pids of its processes once both replicas are Ready.
+fn install_in_cluster(plane: &Plane, configs: &[Config]) -> Result<Vec<u32>> {
+    let dir = plane.dir().context("the benchmark's own plane")?;
+    let status = std::process::Command::new(root().join("scripts/image"))
+        .arg("--dir")
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .context("cannot run scripts/image")?;
+    if !status.success() {
+        bail!("scripts/image failed ({status})");
+    }
+    let mut args: Vec<String> = [
+        "upgrade",
+        "--install",
+        "initium",
+        "--namespace",
+        "initium-system",
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "300s",
+        "--set",
+        "image.repository=initium",
+        "--set",
+        "image.tag=dev",
+        "--set",
+        "image.pullPolicy=Never",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    args.insert(3, root().join("deploy/helm/initium").display().to_string());
+    let excluded: Vec<&str> = configs
+        .iter()
+        .filter(|c| !c.name.starts_with("initium"))
+        .map(|c| c.namespace)
+        .collect();
+    args.push("--set".into());
+    args.push(format!("excludedNamespaces={{{}}}", excluded.join(",")));
+    let output = support::plane::helm()
+        .arg("--kubeconfig")
+        .arg(&plane.kubeconfig)
+        .args(&args)
+        .output()
+        .context("cannot run helm")?;
+    if !output.status.success() {
+        bail!(
+            "helm {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let mut pids = Vec::new();
+    poll(
+        "two initium processes on the real node",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || {
+            pids = initium_pids();
+            Ok((pids.len() == 2)
+                .then_some(())
+                .ok_or_else(|| format!("{} running", pids.len())))
+        },
+    )?;
+    eprintln!("bench: initium installed by Helm on the real node (pids {pids:?})");
+    Ok(pids)
+}
+
+/// The pids (as this machine sees them) of `/initium serve` processes: the image's binary.
+fn initium_pids() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"/initium\0serve\0"))
+        })
+        .collect()
 }
 
 /// What a run measured: Pod CREATE latencies (one set per `--runs`, with the API server's
@@ -696,6 +838,11 @@ fn report(
         "  Pod CREATE through kube-apiserver: {} Pods per configuration in rounds of {}, {} in flight, {} run(s)",
         args.pods, args.batch, args.concurrency, args.runs
     );
+    if args.in_cluster {
+        println!(
+            "  initium in cluster: its image, installed by the Helm chart on a real node, 2 replicas called through their Service"
+        );
+    }
     let mut figures = Vec::new();
     let mut runs_json = Vec::new();
     for (n, (measured, admission)) in runs.into_iter().enumerate() {
@@ -777,6 +924,7 @@ fn report(
     let (initium_mib, kyverno_mib) = memory.print_peaks();
     let line = json!({
         "bench": "e2e",
+        "in_cluster": args.in_cluster,
         "pods": args.pods,
         "concurrency": args.concurrency,
         "batch": args.batch,

@@ -36,7 +36,7 @@ async fn healthz() -> &'static str {
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     let not_ready = match (shared.is_webhook_serving(), shared.is_synced()) {
         (true, true) => return "ok".into_response(),
-        (false, _) => "not ready: the webhook server is not accepting connections",
+        (false, _) => "not ready: the webhook server has not started, or is shutting down",
         (true, false) => "not ready: the rules and namespaces have not been listed yet",
     };
     (StatusCode::SERVICE_UNAVAILABLE, not_ready).into_response()

@@ -957,7 +957,8 @@ async fn readyz_is_not_ready_while_the_webhook_server_is_not_serving() {
         "synced, but no webhook server"
     );
     assert!(
-        String::from_utf8_lossy(&body).contains("webhook server is not accepting connections"),
+        String::from_utf8_lossy(&body)
+            .contains("webhook server has not started, or is shutting down"),
         "{}",
         String::from_utf8_lossy(&body)
     );

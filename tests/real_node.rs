@@ -299,7 +299,7 @@ patches:
   - target: {{kind: Deployment, name: initium}}
     patch: '[{{\"op\": \"add\", \"path\": \"/spec/template/spec/containers/0/imagePullPolicy\", \"value\": \"Never\"}}]'
 ",
-            deploy = root().join("deploy").display()
+            deploy = relative(&overlay, &root().join("deploy"))
         ),
     )
     .unwrap();
@@ -346,6 +346,20 @@ spec:
     let _ = std::fs::remove_dir_all(&overlay);
 }
 
+/// TO as a path relative to FROM (kustomize refuses absolute paths to a base).
+fn relative(from: &std::path::Path, to: &std::path::Path) -> String {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = vec!["..".to_owned(); from.len() - common];
+    parts.extend(
+        to[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    parts.join("/")
+}
+
 /// No initium Pod and no webhook configuration left (initium writes its configurations; an
 /// uninstall leaves them, and they would send requests to nobody).
 fn wait_gone() {
@@ -382,13 +396,17 @@ struct Create {
 
 /// Creates held Pods one after another until `stop`, each by `kubectl create` (a new
 /// connection each time, as a CI job's kubectl does).
-fn steady_creates(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Create>> {
+fn steady_creates(
+    ns: String,
+    client: &'static str,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<Create>> {
     std::thread::spawn(move || {
         let mut seen = Vec::new();
         let mut i = 0;
         while !stop.load(Ordering::Relaxed) {
             i += 1;
-            let name = format!("p-{i}");
+            let name = format!("{client}-{i}");
             let started = Instant::now();
             let (ok, _, err) = kubectl_with(&["create", "-f", "-"], Some(&held_pod(&ns, &name)));
             seen.push(Create {
@@ -397,7 +415,7 @@ fn steady_creates(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<
                 took: started.elapsed(),
                 error: err,
             });
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(50));
         }
         seen
     })
@@ -434,6 +452,29 @@ fn initium_usage() -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// From the API server's own metrics: calls to `fail.initium.dev` that did not answer 200,
+/// and admissions it rejected because calling the webhook failed.
+fn webhook_failures() -> (f64, f64) {
+    let metrics = k(&["get", "--raw", "/metrics"]);
+    let sum = |prefix: &str, keep: &dyn Fn(&str) -> bool| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with(prefix) && l.contains(r#"name="fail.initium.dev""#) && keep(l)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    (
+        sum("apiserver_admission_webhook_request_total{", &|l| {
+            !l.contains(r#"code="200""#)
+        }),
+        sum("apiserver_admission_webhook_rejection_count{", &|l| {
+            l.contains("calling_webhook_error")
+        }),
+    )
+}
+
 /// Evicts POD through the eviction API, retrying while the PodDisruptionBudget refuses (429).
 fn evict(pod: &str) {
     let body = format!(
@@ -464,8 +505,13 @@ spec:
     ));
     wait_rule_ready("mutationrule", "stamp", Some(&ns));
 
+    let failures_before = webhook_failures();
     let stop = Arc::new(AtomicBool::new(false));
-    let client = steady_creates(ns.clone(), stop.clone());
+    // Two clients, each creating one Pod after another.
+    let clients = [
+        steady_creates(ns.clone(), "a", stop.clone()),
+        steady_creates(ns.clone(), "b", stop.clone()),
+    ];
     let usage = {
         let stop = stop.clone();
         std::thread::spawn(move || {
@@ -499,7 +545,13 @@ spec:
         std::thread::sleep(Duration::from_secs(3));
     }
     stop.store(true, Ordering::Relaxed);
-    let creates = client.join().unwrap();
+    let creates: Vec<Create> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    let failures_after = webhook_failures();
+    let failed_calls = failures_after.0 - failures_before.0;
+    let rejections = failures_after.1 - failures_before.1;
     let samples = usage.join().unwrap();
     let window = started.elapsed();
 
@@ -520,7 +572,7 @@ spec:
     let max_memory = samples.iter().map(|s| s.0).max().unwrap_or(0);
     let max_cpu = samples.iter().map(|s| s.1).max().unwrap_or(0);
     eprintln!(
-        "continuity over {window:?}: {} creates, {} refused, {} unmutated, slowest create {slowest:?}; initium container (kubelet summary, {} samples): memory working set max {:.1} MiB, CPU max {} millicores",
+        "continuity over {window:?}: {} creates, {} refused, {} unmutated, slowest create {slowest:?}; the API server's calls to fail.initium.dev not answered 200: {failed_calls}, rejections for a failed call: {rejections}; initium container (kubelet summary, {} samples): memory working set max {:.1} MiB, CPU max {} millicores",
         creates.len(),
         refused.len(),
         unmutated.len(),
@@ -556,6 +608,36 @@ spec:
         max_memory < limit,
         "initium's working set {max_memory} B reached the limit"
     );
+    // The dashboard's Resources panels read the kubelet's cAdvisor metrics: this kubelet
+    // exports each of them for initium's container.
+    let dashboard =
+        std::fs::read_to_string(root().join("deploy/monitoring/grafana-dashboard.json")).unwrap();
+    let cadvisor = k(&[
+        "get",
+        "--raw",
+        "/api/v1/nodes/initium-node/proxy/metrics/cadvisor",
+    ]);
+    let mut used: Vec<&str> = dashboard
+        .match_indices("container_")
+        .map(|(at, _)| {
+            let rest = &dashboard[at..];
+            &rest[..rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len())]
+        })
+        .collect();
+    used.sort_unstable();
+    used.dedup();
+    assert!(used.len() >= 2, "the dashboard's kubelet metrics: {used:?}");
+    for metric in used {
+        assert!(
+            cadvisor
+                .lines()
+                .any(|l| l.starts_with(&format!("{metric}{{"))
+                    && l.contains(r#"container="initium""#)),
+            "the kubelet exports no {metric} for initium's container"
+        );
+    }
     k(&["delete", "namespace", &ns, "--wait=false"]);
 }
 
@@ -763,4 +845,142 @@ spec:
         k(&["describe", "pod", "web", "-n", &ns])
     );
     k(&["delete", "namespace", &ns, "--wait=false"]);
+}
+
+/// The kernel settings the kubelet wants changed, and the machine's values of them.
+const KERNEL_SETTINGS: [&str; 6] = [
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+fn kernel_settings() -> Vec<String> {
+    KERNEL_SETTINGS
+        .iter()
+        .map(|key| std::fs::read_to_string(format!("/proc/sys/{key}")).unwrap_or_default())
+        .collect()
+}
+
+/// Everything of this machine's that real node INDEX could leave behind: its network
+/// namespace, links, route, mounts, cgroups, and the processes of its directory DIR.
+fn traces(index: &str, dir: &str) -> Vec<String> {
+    let needles = [
+        format!("initium-node-{index}"),
+        format!("initium-h{index}"),
+        format!("10.90.{index}."),
+        dir.to_owned(),
+    ];
+    let mut found = Vec::new();
+    let mut look = |what: &str, text: String| {
+        for line in text.lines() {
+            if let Some(needle) = needles.iter().find(|n| line.contains(n.as_str())) {
+                found.push(format!("{what} ({needle}): {line}"));
+            }
+        }
+    };
+    let run = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    look("netns", run("ip", &["netns", "list"]));
+    look("link", run("ip", &["-o", "link"]));
+    look("route", run("ip", &["route"]));
+    look(
+        "mount",
+        std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+    );
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        for entry in std::fs::read_dir(hierarchy.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("initium-node") {
+                look("cgroup", format!("{} initium-node", entry.path().display()));
+            }
+        }
+    }
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(dir) {
+                look(
+                    "process",
+                    format!("{} {cmdline}", entry.file_name().to_string_lossy()),
+                );
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn down_leaves_no_trace_of_the_real_node_and_the_kernel_settings_unchanged() {
+    let before = kernel_settings();
+    let tmp = option_env!("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let dir = tmp.join(format!("realnode-down-{}", std::process::id()));
+    let dir_text = dir.display().to_string();
+    let plane = Plane::start_real_node(dir.clone()).unwrap_or_else(|e| panic!("{e:#}"));
+    let index = std::fs::read_to_string(dir.join("real-node"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    // A Pod that runs: a sandbox, a container, a CNI address, a cgroup, volumes.
+    let status = Command::new(root().join("scripts/control-plane"))
+        .args(["image", "--dir", &dir_text, "--out"])
+        .arg(tmp.join("realnode-down-images"))
+        .arg("--binary")
+        .arg(root().join("target/x86_64-unknown-linux-gnu/release/initium"))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "importing the images failed");
+    let pod =
+        held_pod("default", "runs").replace("  schedulingGates: [{name: example.com/never}]\n", "");
+    let output = plane
+        .kubectl_stdin(
+            &["apply", "-f", "-"],
+            &pod.replace("command: [sleep, '1']", "command: [sleep, '3600']"),
+        )
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let running = within(Duration::from_secs(90), Duration::from_millis(500), || {
+        let out = plane
+            .kubectl()
+            .args(["get", "pod", "runs", "-o", "jsonpath={.status.phase}"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout) == "Running"
+    });
+    assert!(running, "the Pod did not run");
+    assert!(
+        !traces(&index, &dir_text).is_empty(),
+        "nothing seen of a running node: the check is blind"
+    );
+    assert_eq!(
+        kernel_settings(),
+        before,
+        "the kernel settings changed while the node ran"
+    );
+
+    drop(plane);
+    let left = traces(&index, &dir_text);
+    assert!(
+        left.is_empty(),
+        "down left these behind:\n{}",
+        left.join("\n")
+    );
+    assert!(!dir.exists(), "down left {}", dir.display());
+    assert_eq!(kernel_settings(), before, "the kernel settings changed");
 }

@@ -104,6 +104,8 @@ impl Initium {
             format!("127.0.0.1:{ops_port}"),
             "--namespace".into(),
             namespace.into(),
+            // Stopped on purpose and waited for: no drain time behind a Service.
+            "--shutdown-delay=0s".into(),
             "--webhook-name".into(),
             webhook_name.into(),
             "--lease-name".into(),

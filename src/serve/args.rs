@@ -56,7 +56,14 @@ pub struct ServeArgs {
     /// Name of the Secret holding the self-managed CA and serving certificate.
     #[arg(long, default_value = "initium-tls")]
     pub tls_secret: String,
-    /// How long in-flight requests may take to finish after SIGTERM.
+    /// After SIGTERM, how long initium goes on serving, not ready, before it stops accepting:
+    /// the time the API server needs to learn that this Pod is terminating and send its
+    /// requests to another replica (a request sent to a Pod that stopped listening fails,
+    /// and under a `Fail` rule the create with it). SIGINT (Ctrl-C) skips it.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+    /// How long in-flight requests may take to finish after SIGTERM (after
+    /// `--shutdown-delay`).
     #[arg(long, default_value = "20s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
     /// Log format: `json` (one object per line) or `text`.

@@ -246,7 +246,10 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     // Supervision: every long-running task runs until shutdown; one that ends before takes
     // the process down, with its cause.
     let failure = tokio::select! {
-        () = shutdown_signal() => None,
+        signal = shutdown_signal() => {
+            drain(signal, args.shutdown_delay, &shared).await;
+            None
+        }
         result = join(&mut controller_task) => Some(ended("the controller stopped".into(), result)),
         result = join(&mut webhook_task) => Some(ended(
             format!("the webhook server on {} (--listen) stopped", args.listen), result
@@ -330,7 +333,16 @@ fn ended<E: std::error::Error + Send + Sync + 'static>(
     }
 }
 
-async fn shutdown_signal() {
+/// Which signal asked initium to stop.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGTERM: the kubelet stopping the Pod.
+    Term,
+    /// SIGINT: Ctrl-C in a terminal.
+    Interrupt,
+}
+
+async fn shutdown_signal() -> Stop {
     use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::terminate()),
@@ -338,12 +350,29 @@ async fn shutdown_signal() {
     ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+                _ = term.recv() => Stop::Term,
+                _ = int.recv() => Stop::Interrupt,
             }
         }
         _ => {
             let _ = tokio::signal::ctrl_c().await;
+            Stop::Interrupt
         }
+    }
+}
+
+/// On SIGTERM: not ready at once, still serving for `delay`. The kubelet sends SIGTERM when
+/// the Pod is deleted or evicted, at the same moment the endpoint controller marks it
+/// terminating; the API server learns that a moment later and only then stops picking this
+/// Pod. Measured on a real node (tests/real_node.rs): without the delay, a create racing a
+/// rolling update failed with `EOF` under a `Fail` rule.
+async fn drain(signal: Stop, delay: Duration, shared: &Shared) {
+    shared.set_webhook_serving(false);
+    if signal == Stop::Term && !delay.is_zero() {
+        tracing::info!(
+            delay = ?delay,
+            "SIGTERM: not ready; serving on while the API server stops sending requests here"
+        );
+        tokio::time::sleep(delay).await;
     }
 }

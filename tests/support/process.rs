@@ -149,6 +149,8 @@ impl Initium {
             .arg(ops.to_string())
             .arg("--namespace")
             .arg(&options.namespace)
+            // Tests stop it on purpose and wait for it: no drain time behind a Service.
+            .arg("--shutdown-delay=0s")
             .args(&options.extra)
             .env("KUBECONFIG", &plane.kubeconfig)
             .env("RUST_LOG", "warn")

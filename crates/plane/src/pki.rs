@@ -170,7 +170,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("plane-pki-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        generate(&dir, true).unwrap();
+        generate(&dir, true, true).unwrap();
         let pki = dir.join("pki");
         for name in [
             "ca",
@@ -179,6 +179,8 @@ mod tests {
             "kube-controller-manager",
             "kube-scheduler",
             "kwok",
+            "kubelet",
+            "apiserver-kubelet-client",
         ] {
             let cert = std::fs::read_to_string(pki.join(format!("{name}.crt"))).unwrap();
             assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"), "{name}");

@@ -225,6 +225,10 @@ fn remove_tree(dir: &Path, left: &mut Vec<PathBuf>) {
     }
 }
 
+fn link_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
+}
+
 /// Takes the first free index: `ip netns add` fails for a name that exists, so two planes
 /// starting at once never share one.
 fn claim(dir: &Path) -> Result<Node> {
@@ -536,6 +540,17 @@ pub(crate) fn stop(dir: &Path) -> Result<()> {
     {
         let _ = write!(problems, " {error:#};");
     }
+    // The kernel frees the namespace, and with it the veth pair and the route, once its last
+    // process is gone and its cleanup work has run: wait for the machine's end of the link.
+    let link = node.host_link();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while link_exists(&link) {
+        if Instant::now() >= deadline {
+            let _ = write!(problems, " the link {link} is still there;");
+            break;
+        }
+        sleep(Duration::from_millis(100));
+    }
     for path in left {
         let _ = write!(problems, " cgroup {} is still in use;", path.display());
     }
@@ -557,6 +572,11 @@ pub(crate) fn supervise(settings: &Settings, dir: &Path) -> Result<()> {
     let nd = node_dir(dir);
     let mount = |args: &[&str]| run("mount", args);
     mount(&["-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run"])?;
+    // The kubelet's cAdvisor names containers (the `container` label of /metrics/cadvisor)
+    // by asking containerd at its usual address.
+    std::fs::create_dir_all("/run/containerd").context("cannot create /run/containerd")?;
+    std::os::unix::fs::symlink(containerd_socket(dir), "/run/containerd/containerd.sock")
+        .context("cannot link /run/containerd/containerd.sock")?;
     let lib = nd.join("lib").display().to_string();
     let logs = nd.join("log").display().to_string();
     mount(&["--bind", &lib, "/var/lib"])?;
