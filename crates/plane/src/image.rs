@@ -14,7 +14,7 @@ use crate::log::log;
 use crate::oci::{File, Image};
 use crate::process;
 use crate::realnode;
-use crate::settings::Settings;
+use crate::settings::{REAL_NODE, Settings};
 
 pub(crate) const INITIUM_IMAGE: &str = "docker.io/library/initium:dev";
 pub(crate) const TOOLBOX_IMAGE: &str = "docker.io/library/toolbox:dev";
@@ -128,7 +128,7 @@ pub(crate) fn build(settings: &Settings, dir: &Path, binary: &Path, out: &Path) 
         toolbox.display()
     ));
 
-    if realnode::is_real_node(dir) && process::running(dir, realnode::NODE).is_some() {
+    if crate::launch::is_real_node(dir) && process::running(dir, REAL_NODE).is_some() {
         for archive in [&initium, &toolbox] {
             realnode::import_image(settings, dir, archive)?;
         }

@@ -15,7 +15,12 @@ use base64::Engine;
 use crate::log::log;
 use crate::probe::Probe;
 use crate::process::{self, alive, read_pid};
-use crate::settings::{Settings, var};
+use crate::settings::{REAL_NODE_FILE, Settings, var};
+
+/// The plane in DIR was started with --real-node.
+pub(crate) fn is_real_node(dir: &Path) -> bool {
+    dir.join(REAL_NODE_FILE).exists()
+}
 
 /// The plane in DIR was started with --nodes (DIR/nodes holds N).
 pub(crate) fn has_nodes(dir: &Path) -> bool {
@@ -125,7 +130,7 @@ pub(crate) fn launch(settings: &Settings, dir: &Path, name: &str) -> Result<()> 
             // server (its client certificate, which the kubelet checks against the CA); the
             // Node authorizer for the kubelet's own requests, as in kubeadm's clusters; and
             // webhooks called at the Pod IP behind their Service (no kube-proxy runs).
-            if crate::realnode::is_real_node(dir) {
+            if is_real_node(dir) {
                 command
                     .arg(format!(
                         "--kubelet-client-certificate={}",

@@ -16,11 +16,13 @@ use crate::launch::{
 };
 use crate::log::{log, set_quiet};
 use crate::process::{self, WATCHDOG, alive, free_ports, print_log_tail, read_pid, running};
-use crate::settings::{ETCD_VERSION, K8S_VERSION, MARKER, NODE_COMPONENTS, Settings, var};
+use crate::settings::{
+    ETCD_VERSION, FORWARD, K8S_VERSION, MARKER, NODE_COMPONENTS, REAL_NODE, Settings, var,
+};
 use crate::{build, nodes, pki, realnode};
 
 /// The logs of a real node's processes (DIR/NAME.log).
-const REAL_NODE_LOGS: [&str; 4] = [realnode::FORWARD, realnode::NODE, "containerd", "kubelet"];
+const REAL_NODE_LOGS: [&str; 4] = [FORWARD, REAL_NODE, "containerd", "kubelet"];
 
 /// Who the watchdog watches: "PID START-TIME" of the process whose exit takes the plane
 /// down. While `up` runs, `up` itself (a Ctrl-C or a kill during startup leaves nothing
@@ -365,8 +367,8 @@ pub(crate) fn status(_settings: &Settings, dir: &Path) -> Result<ExitCode> {
     if has_nodes(dir) {
         names.extend(NODE_COMPONENTS);
     }
-    if realnode::is_real_node(dir) {
-        names.extend([realnode::FORWARD, realnode::NODE]);
+    if launch::is_real_node(dir) {
+        names.extend([FORWARD, REAL_NODE]);
     }
     names.push(WATCHDOG);
     let mut code = ExitCode::SUCCESS;

@@ -16,6 +16,7 @@ use anyhow::{Context, Result};
 use rustix::process::{Pid, Signal};
 
 use crate::log::log;
+use crate::settings::{FORWARD, FORWARD_ARG, REAL_NODE};
 
 /// The name `pid_matches` knows the watchdog by: this binary, run as `_watchdog`.
 pub(crate) const WATCHDOG: &str = "watchdog";
@@ -64,9 +65,9 @@ pub(crate) fn matches(pid: u32, name: &str, dir: &Path) -> bool {
         |arg: &str| program_is(env!("CARGO_PKG_NAME")) && args.get(1) == Some(&OsStr::new(arg));
     let is_program = match name {
         WATCHDOG => this_program_as(WATCHDOG_ARG),
-        crate::realnode::FORWARD => this_program_as(crate::realnode::FORWARD_ARG),
+        FORWARD => this_program_as(FORWARD_ARG),
         // util-linux `unshare`, whose child is PID 1 of the node's PID namespace.
-        crate::realnode::NODE => program_is("unshare"),
+        REAL_NODE => program_is("unshare"),
         _ => program_is(name),
     };
     if !is_program {

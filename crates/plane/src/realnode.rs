@@ -27,20 +27,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::launch::{read_port, write_file};
+use crate::launch::write_file;
 use crate::log::log;
 use crate::process;
-use crate::settings::Settings;
+use crate::settings::{
+    FORWARD, FORWARD_ARG, NODE_ARG, REAL_NODE as NODE, REAL_NODE_FILE as FILE, Settings,
+};
 
 /// The ClusterIP of the `kubernetes` Service (the first of --service-cluster-ip-range).
 pub(crate) const SERVICE_IP: &str = "10.0.0.1";
 /// The Node's name.
 pub(crate) const NODE_NAME: &str = "initium-node";
-/// DIR/real-node: the node's index I (its namespace, addresses and cgroup are named by it).
-const FILE: &str = "real-node";
-/// The process names of the plane's directory (DIR/NAME.pid, DIR/NAME.log).
-pub(crate) const NODE: &str = "real-node";
-pub(crate) const FORWARD: &str = "apiserver-forward";
 /// The pause image the sandboxes run, imported at start; a name no registry answers for.
 pub(crate) const PAUSE_IMAGE: &str = "localhost/initium/pause:dev";
 /// Real nodes that can run at once on this machine (one per plane).
@@ -61,11 +58,6 @@ const KERNEL_DEFAULTS: [(&str, &str); 6] = [
 /// depend on it); `start` writes the node's index into the same file.
 pub(crate) fn mark(dir: &Path) -> Result<()> {
     write_file(&dir.join(FILE), "")
-}
-
-/// The plane in DIR was started with --real-node.
-pub(crate) fn is_real_node(dir: &Path) -> bool {
-    dir.join(FILE).exists()
 }
 
 pub(crate) struct Node {
@@ -561,9 +553,6 @@ pub(crate) fn stop(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-pub(crate) const NODE_ARG: &str = "_node";
-pub(crate) const FORWARD_ARG: &str = "_forward";
-
 /// `_node`: PID 1 of the node's PID namespace, in its mount namespace and its network
 /// namespace. Prepares the mounts, starts containerd, imports the pause image, starts the
 /// kubelet, and reaps every process that ends in the namespace until one of the two exits.
@@ -687,7 +676,6 @@ pub(crate) fn import_image(settings: &Settings, dir: &Path, archive: &Path) -> R
 
 /// The kubelet's kubeconfig: the API server at the `kubernetes` Service's address.
 pub(crate) fn write_kubelet_kubeconfig(dir: &Path) -> Result<()> {
-    let _ = read_port(dir, "kube-apiserver")?;
     crate::launch::write_kubeconfig_at(
         dir,
         &format!("https://{SERVICE_IP}:443"),

@@ -19,6 +19,15 @@ pub(crate) const CNI_PLUGINS_VERSION: &str = "v1.9.1";
 /// Written by `up`; `down` only deletes directories that carry it.
 pub(crate) const MARKER: &str = ".initium-control-plane";
 
+/// The real node's processes (DIR/NAME.pid, DIR/NAME.log) and the hidden subcommands that
+/// run them: `_node` under util-linux `unshare`, `_forward` (realnode.rs, forward.rs).
+pub(crate) const REAL_NODE: &str = "real-node";
+pub(crate) const FORWARD: &str = "apiserver-forward";
+pub(crate) const NODE_ARG: &str = "_node";
+pub(crate) const FORWARD_ARG: &str = "_forward";
+/// DIR/real-node: the plane has a real node; it holds the node's index once it has one.
+pub(crate) const REAL_NODE_FILE: &str = "real-node";
+
 /// The processes of a plane with nodes, besides etcd and kube-apiserver, in the order they
 /// start.
 pub(crate) const NODE_COMPONENTS: [&str; 3] = ["kube-controller-manager", "kube-scheduler", "kwok"];
