@@ -22,6 +22,15 @@ pub(crate) fn is_real_node(dir: &Path) -> bool {
     dir.join(REAL_NODE_FILE).exists()
 }
 
+/// The index of the plane's real node (DIR/real-node), once it has one.
+pub(crate) fn real_node_index(dir: &Path) -> Option<u8> {
+    std::fs::read_to_string(dir.join(REAL_NODE_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// The plane in DIR was started with --nodes (DIR/nodes holds N).
 pub(crate) fn has_nodes(dir: &Path) -> bool {
     std::fs::metadata(dir.join("nodes")).is_ok_and(|m| m.len() > 0)
@@ -235,6 +244,16 @@ pub(crate) fn wait_healthy(
 /// is apart from the service range (10.0.0.0/24) so that EndpointSlices hold believable,
 /// unique addresses.
 const POD_CIDR: &str = "10.244.0.0/16";
+/// kwok's Pod network: beside a real node, the upper half of that node's Pod network, which
+/// the machine routes into the node's namespace (kube-apiserver calls webhooks at Pod IPs:
+/// an address kwok made up must lead nowhere but there).
+fn kwok_cidr(dir: &Path) -> String {
+    match real_node_index(dir) {
+        Some(index) => format!("10.90.{index}.128/25"),
+        None => POD_CIDR.to_owned(),
+    }
+}
+
 /// kwok manages the Nodes that carry this annotation (and only those).
 pub(crate) const KWOK_NODE_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
 
@@ -314,7 +333,7 @@ fn node_command(settings: &Settings, dir: &Path, name: &str) -> Result<Command> 
                 ))
                 .arg("--node-lease-duration-seconds=40")
                 .arg("--node-ip=127.0.0.1")
-                .arg(format!("--cidr={POD_CIDR}"))
+                .arg(format!("--cidr={}", kwok_cidr(dir)))
                 .arg(format!("--server-address=127.0.0.1:{port}"));
         }
         _ => bail!("unknown node component: {name}"),

@@ -234,7 +234,12 @@ pub(crate) fn up(
         .filter(|&n| n > 0)
         .map_or_else(String::new, |n| format!(" with {n} simulated node(s)"));
     if real_node {
-        with_nodes += &format!(" with the real node {}", realnode::NODE_NAME);
+        with_nodes += if with_nodes.is_empty() {
+            " with"
+        } else {
+            " and"
+        };
+        with_nodes += &format!(" the real node {}", realnode::NODE_NAME);
     }
     let command = &settings.command;
     print!(
@@ -263,7 +268,7 @@ fn start_plane(
         write_file(&dir.join("nodes"), &format!("{n}\n"))?;
     }
     if real_node {
-        realnode::mark(dir)?;
+        realnode::prepare(dir)?;
     }
     pki::generate(dir, nodes.is_some(), real_node)?;
     let deadline = Instant::now() + timeout;

@@ -54,12 +54,6 @@ const KERNEL_DEFAULTS: [(&str, &str); 6] = [
     ("kernel/keys/root_maxbytes", "25000000"),
 ];
 
-/// Says, before kube-apiserver starts, that the plane in DIR has a real node (its flags
-/// depend on it); `start` writes the node's index into the same file.
-pub(crate) fn mark(dir: &Path) -> Result<()> {
-    write_file(&dir.join(FILE), "")
-}
-
 pub(crate) struct Node {
     pub(crate) index: u8,
     pub(crate) netns: String,
@@ -74,15 +68,9 @@ impl Node {
     }
 
     pub(crate) fn read(dir: &Path) -> Result<Node> {
-        let path = dir.join(FILE);
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let index = text
-            .trim()
-            .parse::<u8>()
-            .ok()
+        let index = crate::launch::real_node_index(dir)
             .filter(|&i| i < MAX_NODES)
-            .with_context(|| format!("{} does not hold a node index", path.display()))?;
+            .with_context(|| format!("{} does not hold a node index", dir.join(FILE).display()))?;
         Ok(Node::new(index))
     }
 
@@ -101,6 +89,9 @@ impl Node {
     pub(crate) fn node_ip(&self) -> String {
         format!("10.89.{}.2", self.index)
     }
+    /// The node's Pod network, routed from the machine into the namespace: the real Pods'
+    /// addresses (.2 to .126) and, beside `--nodes N`, kwok's simulated Pods' (.128/25, which
+    /// answer nobody but stay inside the namespace).
     pub(crate) fn pod_cidr(&self) -> String {
         format!("10.90.{}.0/24", self.index)
     }
@@ -380,7 +371,7 @@ state = "/run/containerd"
       "ipMasq": false,
       "ipam": {{
         "type": "host-local",
-        "ranges": [[{{"subnet": "{cidr}", "gateway": "{gateway}"}}]],
+        "ranges": [[{{"subnet": "{cidr}", "gateway": "{gateway}", "rangeStart": "10.90.{index}.2", "rangeEnd": "10.90.{index}.126"}}]],
         "routes": [{{"dst": "0.0.0.0/0"}}]
       }}
     }}
@@ -389,6 +380,7 @@ state = "/run/containerd"
 "#,
             cidr = node.pod_cidr(),
             gateway = node.pod_gateway(),
+            index = node.index,
         ),
     )?;
     // Pods resolve names against their own loopback: no DNS server runs, and nothing asks
@@ -434,18 +426,28 @@ serializeImagePulls: false
     Ok(())
 }
 
-/// Starts the node in DIR: namespace, network, cgroups, the forwarder, containerd and the
-/// kubelet; returns once the Node is Ready.
-pub(crate) fn start(settings: &Settings, dir: &Path, timeout: Duration) -> Result<()> {
+/// Before kube-apiserver starts (its flags, and kwok's Pod addresses, depend on the node):
+/// the node's index, network namespace, links and cgroups.
+pub(crate) fn prepare(dir: &Path) -> Result<()> {
     check_machine()?;
     let node = claim(dir)?;
     log(format_args!(
-        "starting a real node ({NODE_NAME}: network namespace {}, Pods in {})",
+        "preparing a real node ({NODE_NAME}: network namespace {}, Pods in {})",
         node.netns,
         node.pod_cidr()
     ));
     wire(&node)?;
-    create_cgroups(&node)?;
+    create_cgroups(&node)
+}
+
+/// Starts the prepared node in DIR: the forwarder, containerd and the kubelet; returns once
+/// the Node is Ready.
+pub(crate) fn start(settings: &Settings, dir: &Path, timeout: Duration) -> Result<()> {
+    let node = Node::read(dir)?;
+    log(format_args!(
+        "starting the real node: containerd and kubelet {}",
+        crate::settings::K8S_VERSION
+    ));
     write_configuration(settings, dir, &node)?;
     let exe = std::env::current_exe().context("cannot find this program")?;
     let mut forward = Command::new(&exe);
