@@ -933,11 +933,8 @@ fn down_leaves_no_trace_of_the_real_node_and_the_kernel_settings_unchanged() {
         .trim()
         .to_owned();
     // A Pod that runs: a sandbox, a container, a CNI address, a cgroup, volumes.
-    let status = Command::new(root().join("scripts/control-plane"))
-        .args(["image", "--dir", &dir_text, "--out"])
-        .arg(tmp.join("realnode-down-images"))
-        .arg("--binary")
-        .arg(root().join("target/x86_64-unknown-linux-gnu/release/initium"))
+    let status = Command::new(root().join("scripts/image"))
+        .args(["--dir", &dir_text])
         .stdout(Stdio::null())
         .status()
         .unwrap();
