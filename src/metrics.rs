@@ -109,7 +109,7 @@ impl EncodeMetric for RuleCounters {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
-    /// `ready` or `invalid`.
+    /// `ready`, `invalid` or `refused`.
     pub state: String,
 }
 
@@ -199,6 +199,24 @@ pub struct Metrics {
     pub lookup_watches: Gauge,
     /// ConfigMaps kept in memory for the lookups of Ready rules.
     pub lookup_objects: Gauge,
+    // The webhook configuration.
+    /// Writes of the MutatingWebhookConfiguration, by result (`applied`, `refused`: the API
+    /// server answered that it will not store it, `failed`: any other error).
+    pub webhook_configuration_writes: Family<ResultLabels, Counter>,
+    /// 1 while the API server refuses the MutatingWebhookConfiguration initium last wrote
+    /// (the rules it was for are not Ready).
+    pub webhook_configuration_refused: Gauge,
+    /// Bytes of the MutatingWebhookConfiguration initium last applied (as JSON).
+    pub webhook_configuration_bytes: Gauge,
+    /// Writes of the `fail-rules.initium.dev/<configuration>` label on Namespaces, by result (`added`,
+    /// `removed`, `failed`).
+    pub namespace_label_writes: Family<ResultLabels, Counter>,
+}
+
+/// The `result` label of a write counter: one of a few fixed words.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
 }
 
 /// The `duty` label: the name of a controller duty (a fixed set, see `controller::duty`).
@@ -338,7 +356,36 @@ impl Default for Metrics {
             "ConfigMaps kept in memory for the lookups of Ready rules",
             lookup_objects.clone(),
         );
+        // The webhook configuration.
+        let webhook_configuration_writes = Family::<ResultLabels, Counter>::default();
+        let webhook_configuration_refused = Gauge::default();
+        let webhook_configuration_bytes = Gauge::default();
+        let namespace_label_writes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "webhook_configuration_writes",
+            "Writes of the MutatingWebhookConfiguration, by result (applied, refused, failed)",
+            webhook_configuration_writes.clone(),
+        );
+        registry.register(
+            "webhook_configuration_refused",
+            "1 while the API server refuses the MutatingWebhookConfiguration initium wrote last",
+            webhook_configuration_refused.clone(),
+        );
+        registry.register(
+            "webhook_configuration_bytes",
+            "Bytes (as JSON) of the MutatingWebhookConfiguration initium applied last",
+            webhook_configuration_bytes.clone(),
+        );
+        registry.register(
+            "namespace_label_writes",
+            "Writes of the fail-rules.initium.dev/<configuration> label on Namespaces, by result (added, removed, failed)",
+            namespace_label_writes.clone(),
+        );
         Metrics {
+            webhook_configuration_writes,
+            webhook_configuration_refused,
+            webhook_configuration_bytes,
+            namespace_label_writes,
             registry,
             admission_duration,
             rule_applied,
@@ -402,16 +449,16 @@ impl Metrics {
             .inc();
     }
 
-    pub fn set_rule_counts(&self, ready: i64, invalid: i64) {
-        self.rules
-            .get_or_create(&StateLabels {
-                state: "ready".into(),
-            })
-            .set(ready);
-        self.rules
-            .get_or_create(&StateLabels {
-                state: "invalid".into(),
-            })
-            .set(invalid);
+    /// Rules by state: `ready` (in effect), `invalid` (not Ready for a reason of their own),
+    /// `refused` (would be Ready, but the API server refused the webhook configuration that
+    /// sends their objects to initium).
+    pub fn set_rule_counts(&self, ready: i64, invalid: i64, refused: i64) {
+        for (state, count) in [("ready", ready), ("invalid", invalid), ("refused", refused)] {
+            self.rules
+                .get_or_create(&StateLabels {
+                    state: state.into(),
+                })
+                .set(count);
+        }
     }
 }

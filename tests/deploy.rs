@@ -103,6 +103,8 @@ fn the_service_account_may_do_what_initium_does_and_nothing_more() {
             "--subresource=status",
         ],
         &["watch", "namespaces"],
+        // The fail-rules.initium.dev/initium label.
+        &["patch", "namespaces/team"],
         &["watch", "customresourcedefinitions.apiextensions.k8s.io"],
         &[
             "create",
@@ -155,6 +157,8 @@ fn the_service_account_may_do_what_initium_does_and_nothing_more() {
         ],
         &["update", "mutationrules.initium.dev", "-n", "team"],
         &["delete", "namespaces"],
+        &["create", "namespaces"],
+        &["update", "namespaces/team"],
         &["delete", "pods", "-n", "team"],
         &["update", "pods", "-n", "team"],
         &["patch", "jobs.batch", "-n", "team"],

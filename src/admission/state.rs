@@ -171,8 +171,20 @@ impl Shared {
             .any(|excluded| excluded == namespace)
     }
 
-    /// The metric label values `index` allows. Rebuilt once per index (a rule change), and then
-    /// the series of rules no longer in the index are dropped.
+    /// Swaps in a new rule index, with the metric label values it allows worked out here (by
+    /// the controller), not by the first request that meets the new index: a rule change
+    /// costs admission nothing. The series of rules no longer in the index are dropped.
+    pub fn swap_rules(&self, index: RuleIndex) {
+        let index = Arc::new(index);
+        let view = Arc::new(LabelView::of(&index));
+        self.labels.store(view.clone());
+        self.rules.store(index);
+        self.prune_rule_series(&view);
+    }
+
+    /// The metric label values `index` allows: the view [`Shared::swap_rules`] built with it,
+    /// or (an index stored some other way, or a request that loaded an index just before a
+    /// swap) one built now.
     pub(crate) fn labels(&self, index: &Arc<RuleIndex>) -> Arc<LabelView> {
         let view = self.labels.load_full();
         if view.is_for(index) {

@@ -213,6 +213,25 @@ impl ControllerConfig {
         if self.webhook_configuration.is_empty() {
             return config("the webhook configuration name must not be empty".into());
         }
+        if self.webhook_configuration.len() > webhooks::MAX_CONFIGURATION_NAME
+            || !self
+                .webhook_configuration
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            || !self
+                .webhook_configuration
+                .starts_with(|c: char| c.is_ascii_alphanumeric())
+            || !self
+                .webhook_configuration
+                .ends_with(|c: char| c.is_ascii_alphanumeric())
+        {
+            return config(format!(
+                "the webhook configuration name {:?} (--webhook-name) must be at most {} lowercase letters, digits, '-' or '.', starting and ending with a letter or digit: it also names the label {} on the namespaces with Fail rules",
+                self.webhook_configuration,
+                webhooks::MAX_CONFIGURATION_NAME,
+                webhooks::FAIL_RULES_LABEL_PREFIX
+            ));
+        }
         self.endpoint.validate()?;
         self.lease.validate()?;
         for (name, value) in [
@@ -268,6 +287,8 @@ pub async fn run(
     let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(rules::Snapshot::default()));
     let (needs_tx, needs_rx) = watch::channel(Arc::new(webhooks::Inputs::default()));
     let (applied_tx, applied_rx) = watch::channel(None);
+    let (refused_tx, refused_rx) = watch::channel(None);
+    let (namespaces_tx, namespaces_rx) = watch::channel(None);
     let ca_bundle = tls.ca_bundle_receiver();
 
     // Every duty of the controller, one line each.
@@ -283,6 +304,7 @@ pub async fn run(
         client.clone(),
         shared.clone(),
         readiness.clone(),
+        namespaces_tx,
     ));
     duties.start(discovery::Discovery::new(
         client.clone(),
@@ -329,17 +351,26 @@ pub async fn run(
         client.clone(),
         snapshot_rx,
         needs_rx.clone(),
-        applied_rx,
+        status::Effect {
+            applied: applied_rx,
+            refused: refused_rx,
+        },
         leader.clone(),
+        shared.clone(),
     ));
     duties.start(webhooks::Webhooks::new(
         client,
         Arc::new(config.webhook_settings()),
         shared.config.budget,
         needs_rx,
+        namespaces_rx,
         ca_bundle,
         leader.clone(),
-        applied_tx,
+        webhooks::Published {
+            applied: applied_tx,
+            refused: refused_tx,
+        },
+        shared.clone(),
     ));
     duties.start(certificates::Certificates::new(
         tls,

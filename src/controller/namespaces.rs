@@ -1,13 +1,19 @@
-//! Namespace labels, for rules with a `namespaceSelector`: a metadata-only watch of every
-//! Namespace, swapped into `shared.namespaces` whole whenever a Namespace's labels change.
+//! Namespace labels, for rules with a `namespaceSelector` and for the `webhooks` duty (which
+//! keeps `fail-rules.initium.dev/<configuration>` on the namespaces with Fail rules): a metadata-only watch of
+//! every Namespace, swapped into `shared.namespaces` whole when a Namespace's labels change,
+//! at most once per [`PUBLISH_INTERVAL`] while changes keep coming (each swap copies the map:
+//! ten thousand namespaces labeled one by one must not cost ten thousand copies).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::duty::{Context, Duty};
 use super::vocabulary::{ControllerError, Readiness};
@@ -62,20 +68,39 @@ impl Labels {
     }
 }
 
-/// The `namespaces` duty: watches Namespaces, keeping `shared.namespaces` current.
+/// Shortest time between two swaps of the labels while changes keep coming.
+pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The `namespaces` duty: watches Namespaces, keeping `shared.namespaces` current, and
+/// publishing the same map on `published` (`None` until the first complete list).
 pub(crate) struct Namespaces {
     client: Client,
     shared: Arc<Shared>,
     readiness: Arc<Readiness>,
+    published: watch::Sender<Option<Arc<NamespaceLabels>>>,
 }
 
 impl Namespaces {
-    pub(crate) fn new(client: Client, shared: Arc<Shared>, readiness: Arc<Readiness>) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        shared: Arc<Shared>,
+        readiness: Arc<Readiness>,
+        published: watch::Sender<Option<Arc<NamespaceLabels>>>,
+    ) -> Self {
         Namespaces {
             client,
             shared,
             readiness,
+            published,
         }
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -88,42 +113,64 @@ impl Duty for Namespaces {
             .default_backoff()
             .boxed();
         let mut labels = Labels::default();
+        let mut listed_once = false;
+        let mut list_pending = false;
+        let mut last_publish: Option<Instant> = None;
+        // A swap is owed at this time.
+        let mut due: Option<Instant> = None;
         loop {
             let event = tokio::select! {
                 () = context.stop.wait() => return Ok(()),
-                event = events.next() => event,
+                () = sleep_until_some(due) => None,
+                event = events.next() => Some(event),
             };
-            let mut batch = vec![event];
-            // Coalesce what is already waiting (a relist of many Namespaces swaps once).
-            while let Some(more) = events.next().now_or_never() {
-                batch.push(more);
-            }
             let mut changed = false;
             let mut listed = false;
-            for event in batch {
-                match event {
-                    Some(Ok(event)) => {
-                        listed |= matches!(event, watcher::Event::InitDone);
-                        changed |= labels.apply(event);
-                    }
-                    // The watch retries with its own backoff.
-                    Some(Err(e)) => context
-                        .watch_failed("watching Namespaces failed; retrying with backoff", &e),
-                    None => {
-                        return Err(ControllerError::Task {
-                            task: Self::NAME,
-                            message: "the Namespace watch ended".into(),
-                        });
+            if let Some(event) = event {
+                let mut batch = vec![event];
+                // Coalesce what is already waiting (a relist of many Namespaces swaps once).
+                while let Some(more) = events.next().now_or_never() {
+                    batch.push(more);
+                }
+                for event in batch {
+                    match event {
+                        Some(Ok(event)) => {
+                            listed |= matches!(event, watcher::Event::InitDone);
+                            changed |= labels.apply(event);
+                        }
+                        // The watch retries with its own backoff.
+                        Some(Err(e)) => context
+                            .watch_failed("watching Namespaces failed; retrying with backoff", &e),
+                        None => {
+                            return Err(ControllerError::Task {
+                                task: Self::NAME,
+                                message: "the Namespace watch ended".into(),
+                            });
+                        }
                     }
                 }
             }
-            if changed {
-                self.shared
-                    .namespaces
-                    .store(Arc::new(labels.current.clone()));
-            }
+            let now = Instant::now();
             if listed {
-                self.readiness.done(Readiness::NAMESPACES);
+                // A complete list is published at once: readiness waits for it.
+                list_pending = true;
+                due = Some(now);
+            } else if changed && due.is_none() {
+                due = Some(last_publish.map_or(now, |last| (last + PUBLISH_INTERVAL).max(now)));
+            }
+            if due.is_some_and(|at| at <= now) {
+                due = None;
+                last_publish = Some(now);
+                let current = Arc::new(labels.current.clone());
+                self.shared.namespaces.store(current.clone());
+                listed_once |= list_pending;
+                if listed_once {
+                    self.published.send_replace(Some(current));
+                }
+                if list_pending {
+                    list_pending = false;
+                    self.readiness.done(Readiness::NAMESPACES);
+                }
             }
         }
     }

@@ -53,6 +53,10 @@ pub enum Verdict {
     /// Would take its namespace past a quota (`--max-rules-per-namespace`,
     /// `--max-rule-bytes-per-namespace`): Ready once the namespace has room.
     QuotaExceeded(String),
+    /// Would be Ready, but the API server refused the webhook configuration that sends its
+    /// objects to initium (the message is the API server's). Only the `status` duty gives
+    /// this verdict, never the rule table.
+    WebhookRefused(String),
 }
 
 /// What the MutationRules of one namespace may make initium hold. A tenant who may create
@@ -704,12 +708,7 @@ impl RuleTable {
                     rule_needs.push(RuleNeeds::of(rule));
                 }
             }
-            let total = self.entries.len();
-            let ready_count = ready.len();
-            shared.rules.store(Arc::new(RuleIndex::shared(ready)));
-            shared
-                .metrics
-                .set_rule_counts(ready_count as i64, (total - ready_count) as i64);
+            shared.swap_rules(RuleIndex::shared(ready));
             let inputs = Arc::new(Inputs {
                 rules: rule_needs,
                 served: Some(served.clone()),
@@ -924,6 +923,17 @@ impl Pacer {
 /// API server serves the new schema only once it has set up the new storage, shortly after.
 const RELIST_AFTER_CRD_CHANGE: [Duration; 2] = [Duration::from_secs(2), Duration::from_secs(10)];
 
+/// Runs `work` (judging every rule and building the index: milliseconds at ten thousand
+/// rules) on a thread of its own: the runtime's workers hand their queued tasks, admission
+/// requests among them, to another worker meanwhile instead of waiting behind it. On a
+/// current-thread runtime (unit tests) it runs in place.
+fn off_the_runtime<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
 /// Sleeps until `at`, or forever when there is nothing to wait for.
 async fn sleep_until_some(at: Option<Instant>) {
     match at {
@@ -1007,7 +1017,7 @@ impl Duty for Rules {
                 () = context.stop.wait() => return Ok(()),
                 () = sleep_until_some(pacer.due) => {
                     pacer.due = None;
-                    if table.publish(&self.shared, &self.readiness, &self.snapshot, &self.needs) {
+                    if off_the_runtime(|| table.publish(&self.shared, &self.readiness, &self.snapshot, &self.needs)) {
                         pacer.published(Instant::now());
                     }
                     continue;
@@ -1055,7 +1065,9 @@ impl Duty for Rules {
             }
             if table.stale()
                 && pacer.publish_now(Instant::now())
-                && table.publish(&self.shared, &self.readiness, &self.snapshot, &self.needs)
+                && off_the_runtime(|| {
+                    table.publish(&self.shared, &self.readiness, &self.snapshot, &self.needs)
+                })
             {
                 pacer.published(Instant::now());
             }

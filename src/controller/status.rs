@@ -9,6 +9,7 @@
 //! | False | `QuotaExceeded` | a MutationRule would take its namespace past `--max-rules-per-namespace` or `--max-rule-bytes-per-namespace` (Ready once the namespace has room) |
 //! | False | `LookupQuotaExceeded` | a MutationRule's lookups would take its namespace over `--max-lookups-per-namespace` distinct ConfigMaps |
 //! | False | `GateObjectQuotaExceeded` | a MutationRule's gate would take its namespace over `--max-gate-objects-per-namespace` distinct objects waited on |
+//! | False | `WebhookConfigurationRefused` | the rule would be Ready, but the API server refused the MutatingWebhookConfiguration that sends its objects to initium; the message is the API server's (initium retries with backoff) |
 //!
 //! A rule that cannot become Ready until its spec changes (`InvalidRule`, `KindNotAllowed`)
 //! also gets `Stalled=True` with the same reason and message: kstatus (Flux's health checks,
@@ -35,7 +36,8 @@ use tokio::sync::watch;
 use super::duty::{Context, Duty};
 use super::rules::{RuleView, Snapshot, Verdict};
 use super::vocabulary::{ControllerError, FIELD_MANAGER, Leader, READY, json_hash};
-use super::webhooks::Inputs;
+use super::webhooks::{Inputs, Refusal};
+use crate::admission::state::Shared;
 use crate::report::report;
 use initium_engine::RuleId;
 use initium_engine::api::{ClusterMutationRule, MutationRule, RuleStatus};
@@ -65,6 +67,7 @@ fn ready_condition(verdict: &Verdict, generation: Option<i64>, now: &Time) -> Co
         Verdict::QuotaExceeded(m) => ("False", "QuotaExceeded", m.as_str()),
         Verdict::LookupQuota(m) => ("False", "LookupQuotaExceeded", m.as_str()),
         Verdict::GateObjectQuota(m) => ("False", "GateObjectQuotaExceeded", m.as_str()),
+        Verdict::WebhookRefused(m) => ("False", "WebhookConfigurationRefused", m.as_str()),
     };
     Condition {
         type_: READY.into(),
@@ -90,7 +93,8 @@ fn stalled_condition(verdict: &Verdict, ready: &Condition) -> Option<Condition> 
         | Verdict::KindNotServed(_)
         | Verdict::QuotaExceeded(_)
         | Verdict::LookupQuota(_)
-        | Verdict::GateObjectQuota(_) => None,
+        | Verdict::GateObjectQuota(_)
+        | Verdict::WebhookRefused(_) => None,
     }
 }
 
@@ -182,8 +186,16 @@ pub(crate) struct Status {
     client: Client,
     snapshot: watch::Receiver<Arc<Snapshot>>,
     needs: watch::Receiver<Arc<Inputs>>,
-    applied: watch::Receiver<Option<Arc<Inputs>>>,
+    effect: Effect,
     leader: Leader,
+    shared: Arc<Shared>,
+}
+
+/// What the `webhooks` duty publishes: the inputs the stored configuration reflects, and the
+/// configuration the API server refused.
+pub(crate) struct Effect {
+    pub applied: watch::Receiver<Option<Arc<Inputs>>>,
+    pub refused: watch::Receiver<Option<Arc<Refusal>>>,
 }
 
 impl Status {
@@ -191,17 +203,44 @@ impl Status {
         client: Client,
         snapshot: watch::Receiver<Arc<Snapshot>>,
         needs: watch::Receiver<Arc<Inputs>>,
-        applied: watch::Receiver<Option<Arc<Inputs>>>,
+        effect: Effect,
         leader: Leader,
+        shared: Arc<Shared>,
     ) -> Status {
         Status {
             client,
             snapshot,
             needs,
-            applied,
+            effect,
             leader,
+            shared,
         }
     }
+}
+
+/// Whether the status the rule has says Ready for its current generation.
+fn shows_ready(view: &RuleView) -> bool {
+    view.status.as_deref().is_some_and(|status| {
+        status.conditions.iter().any(|c| {
+            c.type_ == READY && c.status == "True" && c.observed_generation == view.generation
+        })
+    })
+}
+
+/// The verdict to write for a rule while the API server refuses the configuration its
+/// objects need: a Ready verdict of a rule not already Ready (new, or changed) becomes
+/// `WebhookRefused` with the API server's message; rules already Ready stay in effect under
+/// the configuration stored before.
+fn refused_view(view: &Arc<RuleView>, refusal: &Refusal) -> Option<RuleView> {
+    if !view.verdict.is_ready() || shows_ready(view) {
+        return None;
+    }
+    let mut refused = RuleView::clone(view);
+    refused.verdict = Verdict::WebhookRefused(format!(
+        "the API server refused the MutatingWebhookConfiguration {} that sends this rule's objects to initium: {} (initium retries; see its log and initium_webhook_configuration_refused)",
+        refusal.configuration, refusal.message
+    ));
+    Some(refused)
 }
 
 /// Whether the webhook configuration `applied` (what the `webhooks` duty last stored) covers
@@ -225,8 +264,9 @@ impl Duty for Status {
             client,
             snapshot,
             needs,
-            applied,
+            effect: Effect { applied, refused },
             leader,
+            shared,
         } = self;
         // What was written last per rule, with the resourceVersion it was written over (a
         // hash of both: ten thousand rules' statuses are not kept twice): until the watch
@@ -246,21 +286,42 @@ impl Duty for Status {
                 () = context.stop.wait() => return Ok(()),
                 changed = snapshot.changed() => if changed.is_err() { return Ok(()) },
                 Ok(()) = applied.changed() => {}
+                Ok(()) = refused.changed() => {}
                 () = leader.changed() => {}
                 () = retry_due => {}
             }
             retry = None;
+            let current = snapshot.borrow_and_update().clone();
+            // Read after the snapshot: the rules duty publishes the inputs first, so these are
+            // at least as new as the snapshot's verdicts.
+            let needs_now = needs.borrow().clone();
+            let in_effect = webhooks_in_effect(&needs_now, applied.borrow_and_update().as_ref());
+            // A refusal counts only for the inputs it was for: newer rules get a new try.
+            let refusal = refused
+                .borrow_and_update()
+                .clone()
+                .filter(|r| leader.is_leader() && !in_effect && webhooks_in_effect(&needs_now, Some(&r.inputs)));
+            let refused_views: HashMap<RuleId, RuleView> = refusal
+                .as_deref()
+                .map(|refusal| {
+                    current
+                        .rules
+                        .iter()
+                        .filter_map(|view| refused_view(view, refusal))
+                        .map(|view| (view.id.clone(), view))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let ready = current.rules.iter().filter(|v| v.verdict.is_ready()).count();
+            shared.metrics.set_rule_counts(
+                (ready - refused_views.len()) as i64,
+                (current.rules.len() - ready) as i64,
+                refused_views.len() as i64,
+            );
             if !leader.is_leader() {
                 written.clear();
                 continue;
             }
-            let current = snapshot.borrow_and_update().clone();
-            // Read after the snapshot: the rules duty publishes the inputs first, so these are
-            // at least as new as the snapshot's verdicts.
-            let in_effect = {
-                let needs = needs.borrow().clone();
-                webhooks_in_effect(&needs, applied.borrow_and_update().as_ref())
-            };
             // The snapshot is sorted by id.
             written.retain(|id, _| current.rules.binary_search_by(|r| r.id.cmp(id)).is_ok());
             let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -270,8 +331,10 @@ impl Duty for Status {
             // enough for the spawned task.
             let already = &written;
             let rules = current.clone();
+            let refused_views = &refused_views;
             let work = (0..current.rules.len()).filter_map(move |i| {
                 let view = &rules.rules[i];
+                let view = refused_views.get(&view.id).unwrap_or(&**view);
                 if !may_write(view, in_effect) {
                     return None;
                 }

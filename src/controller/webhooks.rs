@@ -24,9 +24,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use serde_json::json;
+use tokio::time::Instant;
+
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
     ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
@@ -41,15 +46,33 @@ use tokio::sync::watch;
 use super::discovery::Served;
 use super::duty::{Context, Duty};
 use super::vocabulary::{ControllerError, FIELD_MANAGER, Leader};
+use crate::admission::state::{NamespaceLabels, Shared};
 use crate::admission::{MUTATE_PATH, VALIDATE_PATH};
+use crate::metrics::ResultLabels;
 use crate::report::report;
 use initium_engine::api::{FailurePolicy, GROUP, Operation, VERSION};
 use initium_engine::{CompiledRule, KindPattern};
 
-/// Name of the webhook for rules with `failurePolicy: Fail`.
+/// Name of the webhook for `failurePolicy: Fail` rules that may apply in any namespace.
 pub const FAIL_WEBHOOK: &str = "fail.initium.dev";
-/// Name of the webhook for rules with `failurePolicy: Ignore`.
+/// Name of the webhook for `failurePolicy: Fail` rules limited to namespaces, in the
+/// namespaces labeled [`WebhookSettings::fail_rules_label`].
+pub const FAIL_LABELED_WEBHOOK: &str = "fail-labeled.initium.dev";
+/// Name of the webhook for `failurePolicy: Ignore` rules (and, outside the labeled
+/// namespaces, Fail rules limited to namespaces).
 pub const IGNORE_WEBHOOK: &str = "ignore.initium.dev";
+/// Name of the webhook for `failurePolicy: Ignore` rules in the labeled namespaces.
+pub const IGNORE_LABELED_WEBHOOK: &str = "ignore-labeled.initium.dev";
+/// The prefix of the label initium keeps on every namespace a Ready `failurePolicy: Fail`
+/// rule is limited to (value `"true"`), and removes from the others:
+/// `fail-labeled.initium.dev` selects them. The label's name is the webhook configuration's
+/// (`fail-rules.initium.dev/initium` by default), so two configurations never fight over one
+/// label. Owned by initium; see [`desired_mutating`].
+pub const FAIL_RULES_LABEL_PREFIX: &str = "fail-rules.initium.dev/";
+
+/// The longest webhook configuration name: it is the name part of the label (63 characters
+/// at most).
+pub const MAX_CONFIGURATION_NAME: usize = 63;
 /// Name of the validating webhook for the rules themselves.
 pub const RULES_WEBHOOK: &str = "rules.initium.dev";
 /// Timeout of the validating webhook. Compiling a rule takes microseconds; rule changes are
@@ -212,9 +235,35 @@ pub struct Inputs {
 /// `(group, version, resource)` → operations.
 type Coverage = BTreeMap<(String, String, String), BTreeSet<Operation>>;
 
-fn coverage(rules: &[RuleNeeds], served: &Served, policy: FailurePolicy) -> Coverage {
+/// Which rules a coverage is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// `failurePolicy: Ignore` rules.
+    Ignore,
+    /// `failurePolicy: Fail` rules that may apply in any namespace (or to cluster-scoped
+    /// objects).
+    FailAnywhere,
+    /// `failurePolicy: Fail` rules limited to known namespaces: what the namespaces carrying
+    /// [`WebhookSettings::fail_rules_label`] need.
+    FailInNamespaces,
+}
+
+impl Scope {
+    fn of(rule: &RuleNeeds) -> Scope {
+        match (rule.failure_policy, &rule.namespaces) {
+            (FailurePolicy::Ignore, _) => Scope::Ignore,
+            (FailurePolicy::Fail, None) => Scope::FailAnywhere,
+            (FailurePolicy::Fail, Some(_)) => Scope::FailInNamespaces,
+        }
+    }
+}
+
+/// What the rules of one scope need intercepted, and which of those resources are
+/// cluster-scoped other than Namespaces (a `namespaceSelector` never keeps those out).
+fn coverage(rules: &[RuleNeeds], served: &Served, scope: Scope) -> (Coverage, BTreeSet<Key>) {
     let mut coverage = Coverage::new();
-    for rule in rules.iter().filter(|r| r.failure_policy == policy) {
+    let mut unselectable = BTreeSet::new();
+    for rule in rules.iter().filter(|r| Scope::of(r) == scope) {
         for pattern in &rule.kinds {
             for resource in served.matching(pattern) {
                 // A rule limited to namespaces never applies to cluster-scoped objects,
@@ -240,18 +289,44 @@ fn coverage(rules: &[RuleNeeds], served: &Served, policy: FailurePolicy) -> Cove
                 if operations.is_empty() {
                     continue;
                 }
-                coverage
-                    .entry((
-                        resource.gvk.group.clone(),
-                        resource.gvk.version.clone(),
-                        resource.plural.clone(),
-                    ))
-                    .or_default()
-                    .extend(operations);
+                let key = (
+                    resource.gvk.group.clone(),
+                    resource.gvk.version.clone(),
+                    resource.plural.clone(),
+                );
+                if !resource.namespaced && !namespace_object {
+                    unselectable.insert(key.clone());
+                }
+                coverage.entry(key).or_default().extend(operations);
             }
         }
     }
-    coverage
+    (coverage, unselectable)
+}
+
+type Key = (String, String, String);
+
+/// `a` without what `b` covers.
+fn minus(a: &Coverage, b: &Coverage) -> Coverage {
+    let mut out = a.clone();
+    for (key, operations) in b {
+        if let Some(left) = out.get_mut(key) {
+            left.retain(|op| !operations.contains(op));
+        }
+    }
+    out.retain(|_, operations| !operations.is_empty());
+    out
+}
+
+/// What `a` or `b` covers.
+fn union(a: &Coverage, b: &Coverage) -> Coverage {
+    let mut out = a.clone();
+    for (key, operations) in b {
+        out.entry(key.clone())
+            .or_default()
+            .extend(operations.iter().copied());
+    }
+    out
 }
 
 /// Webhook rules for a coverage: one entry per group, version and set of operations, with
@@ -296,6 +371,14 @@ pub struct WebhookSettings {
     pub resync_interval: Duration,
 }
 
+impl WebhookSettings {
+    /// The label on the namespaces with Fail rules: [`FAIL_RULES_LABEL_PREFIX`] and the
+    /// configuration's name.
+    pub fn fail_rules_label(&self) -> String {
+        format!("{FAIL_RULES_LABEL_PREFIX}{}", self.webhook_configuration)
+    }
+}
+
 /// Namespaces whose requests are never sent: initium's own and the excluded ones, sorted.
 fn excluded_namespaces(config: &WebhookSettings) -> Vec<String> {
     let mut names: BTreeSet<String> = config.excluded_namespaces.iter().cloned().collect();
@@ -314,8 +397,42 @@ fn labels() -> BTreeMap<String, String> {
     ])
 }
 
+/// The namespaces that must carry [`WebhookSettings::fail_rules_label`]: those a Ready `failurePolicy: Fail`
+/// rule is limited to (a MutationRule's own namespace, a ClusterMutationRule's literal
+/// `namespaces`), minus initium's own and the excluded namespaces (never intercepted anyway).
+pub fn fail_rule_namespaces(config: &WebhookSettings, rules: &[RuleNeeds]) -> BTreeSet<String> {
+    let excluded = excluded_namespaces(config);
+    rules
+        .iter()
+        .filter(|r| Scope::of(r) == Scope::FailInNamespaces)
+        .flat_map(|r| r.namespaces.iter().flatten())
+        .filter(|ns| excluded.binary_search(ns).is_err())
+        .cloned()
+        .collect()
+}
+
 /// The MutatingWebhookConfiguration for the Ready rules. Every field the API server would
-/// default is set, so the result compares equal to what the API server stores.
+/// default is set, so the result compares equal to what the API server stores. Its size
+/// depends on the resources the rules need, never on how many namespaces have rules.
+///
+/// While initium is down, a webhook with `failurePolicy: Fail` rejects what it covers. A
+/// namespace owner's Fail rule must put only namespaces with Fail rules at risk, never all of
+/// them, so the namespaces those rules are limited to carry [`WebhookSettings::fail_rules_label`] (kept by the
+/// `webhooks` duty) and up to four webhooks split every request between them, each request
+/// going to exactly one:
+///
+/// | webhook | namespaces | covers |
+/// |---|---|---|
+/// | `fail.initium.dev` | all | what Fail rules that may apply anywhere need (FA) |
+/// | `fail-labeled.initium.dev` | labeled | what Fail rules limited to namespaces need (FL), minus FA |
+/// | `ignore.initium.dev` | not labeled, and cluster-scoped objects | what Ignore rules need (I) and FL, minus FA |
+/// | `ignore-labeled.initium.dev` | labeled | I minus FA and FL, namespaced resources and Namespaces only |
+///
+/// FL is sent from namespaces without the label too (through the Ignore webhook), so a
+/// namespace whose label is missing for a moment (just created, or the label removed by
+/// hand) still has its rules applied while initium is up. A `namespaceSelector` decides a
+/// Namespace object by its own labels and never keeps out other cluster-scoped objects,
+/// which is why those only ever go to `fail.initium.dev` or `ignore.initium.dev`.
 pub fn desired_mutating(
     config: &WebhookSettings,
     budget: Duration,
@@ -323,100 +440,83 @@ pub fn desired_mutating(
     rules: &[RuleNeeds],
     served: &Served,
 ) -> MutatingWebhookConfiguration {
-    let fail = coverage(rules, served, FailurePolicy::Fail);
-    let mut ignore = coverage(rules, served, FailurePolicy::Ignore);
-    // While initium is down, `fail.initium.dev` rejects what it covers. A namespace owner's
-    // Fail rule must not make that happen in every namespace, so when every Fail rule is
-    // limited to known namespaces the webhook covers only those, and `ignore.initium.dev`
-    // gets a match condition that leaves out exactly the requests `fail.initium.dev` takes
-    // (those namespaces, those resources and operations): every request reaches initium
-    // once, which is both cheaper for the API server and what `/mutate` expects (it
-    // evaluates every rule, Fail and Ignore alike, whichever webhook called it). When some
-    // Fail rule may apply anywhere, the Fail webhook covers everything it needs and the
-    // Ignore webhook drops those resources and operations.
-    let fail_namespaces: Option<BTreeSet<String>> = rules
-        .iter()
-        .filter(|r| r.failure_policy == FailurePolicy::Fail)
-        .try_fold(BTreeSet::new(), |mut all, r| {
-            all.extend(r.namespaces.clone()?);
-            Some(all)
-        });
-    let mut ignore_conditions = None;
-    match &fail_namespaces {
-        None => {
-            for (resource, operations) in &fail {
-                if let Some(ignored) = ignore.get_mut(resource) {
-                    ignored.retain(|op| !operations.contains(op));
-                }
-            }
-        }
-        Some(namespaces) => {
-            ignore_conditions = not_sent_to_fail_webhook(namespaces, &fail, &ignore);
-        }
+    let (anywhere, _) = coverage(rules, served, Scope::FailAnywhere);
+    let (in_namespaces, _) = coverage(rules, served, Scope::FailInNamespaces);
+    let (ignore, unselectable) = coverage(rules, served, Scope::Ignore);
+    let fail_labeled = minus(&in_namespaces, &anywhere);
+    let ignore_unlabeled = minus(&union(&ignore, &in_namespaces), &anywhere);
+    let mut ignore_labeled = minus(&minus(&ignore, &anywhere), &in_namespaces);
+    ignore_labeled.retain(|key, _| !unselectable.contains(key));
+    if in_namespaces.is_empty() {
+        // Without Fail rules limited to namespaces `ignore.initium.dev` takes every
+        // namespace, labeled or not.
+        ignore_labeled.clear();
     }
-    ignore.retain(|_, operations| !operations.is_empty());
 
     let excluded = LabelSelectorRequirement {
         key: NAMESPACE_NAME_LABEL.into(),
         operator: "NotIn".into(),
         values: Some(excluded_namespaces(config)),
     };
-    let namespace_selector = LabelSelector {
-        match_expressions: Some(vec![excluded.clone()]),
-        match_labels: None,
-    };
-    let fail_selector = match &fail_namespaces {
-        None => namespace_selector.clone(),
-        Some(names) => LabelSelector {
-            match_expressions: Some(vec![
-                LabelSelectorRequirement {
-                    key: NAMESPACE_NAME_LABEL.into(),
-                    operator: "In".into(),
-                    values: Some(names.iter().cloned().collect()),
-                },
-                excluded,
-            ]),
+    let selector = |label: Option<&str>| {
+        let mut expressions = vec![excluded.clone()];
+        if let Some(operator) = label {
+            expressions.push(LabelSelectorRequirement {
+                key: config.fail_rules_label(),
+                operator: operator.into(),
+                values: None,
+            });
+        }
+        LabelSelector {
+            match_expressions: Some(expressions),
             match_labels: None,
-        },
+        }
     };
-    let webhook =
-        |name: &str,
-         policy: FailurePolicy,
-         coverage: &Coverage,
-         namespace_selector: &LabelSelector,
-         match_conditions: Option<Vec<MatchCondition>>| MutatingWebhook {
-            name: name.into(),
-            admission_review_versions: vec!["v1".into()],
-            client_config: config.endpoint.client_config(MUTATE_PATH, ca_bundle),
-            failure_policy: Some(policy_name(policy).into()),
-            match_conditions,
-            match_policy: Some("Equivalent".into()),
-            namespace_selector: Some(namespace_selector.clone()),
-            object_selector: Some(LabelSelector::default()),
-            reinvocation_policy: Some("IfNeeded".into()),
-            rules: Some(webhook_rules(coverage)),
-            side_effects: "None".into(),
-            timeout_seconds: Some(webhook_timeout_seconds(budget)),
-        };
-    let mut webhooks = Vec::new();
-    if !fail.is_empty() {
-        webhooks.push(webhook(
-            FAIL_WEBHOOK,
+    let webhook = |name: &str,
+                   policy: FailurePolicy,
+                   coverage: &Coverage,
+                   namespace_selector: LabelSelector| MutatingWebhook {
+        name: name.into(),
+        admission_review_versions: vec!["v1".into()],
+        client_config: config.endpoint.client_config(MUTATE_PATH, ca_bundle),
+        failure_policy: Some(policy_name(policy).into()),
+        match_conditions: None,
+        match_policy: Some("Equivalent".into()),
+        namespace_selector: Some(namespace_selector),
+        object_selector: Some(LabelSelector::default()),
+        reinvocation_policy: Some("IfNeeded".into()),
+        rules: Some(webhook_rules(coverage)),
+        side_effects: "None".into(),
+        timeout_seconds: Some(webhook_timeout_seconds(budget)),
+    };
+    let all = [
+        (FAIL_WEBHOOK, FailurePolicy::Fail, &anywhere, None),
+        (
+            FAIL_LABELED_WEBHOOK,
             FailurePolicy::Fail,
-            &fail,
-            &fail_selector,
-            None,
-        ));
-    }
-    if !ignore.is_empty() {
-        webhooks.push(webhook(
+            &fail_labeled,
+            Some("Exists"),
+        ),
+        (
             IGNORE_WEBHOOK,
             FailurePolicy::Ignore,
-            &ignore,
-            &namespace_selector,
-            ignore_conditions,
-        ));
-    }
+            &ignore_unlabeled,
+            // No Fail rule limited to namespaces: the label means nothing (and a namespace
+            // still carrying it for a moment must not lose its Ignore rules).
+            (!in_namespaces.is_empty()).then_some("DoesNotExist"),
+        ),
+        (
+            IGNORE_LABELED_WEBHOOK,
+            FailurePolicy::Ignore,
+            &ignore_labeled,
+            Some("Exists"),
+        ),
+    ];
+    let webhooks = all
+        .into_iter()
+        .filter(|(_, _, coverage, _)| !coverage.is_empty())
+        .map(|(name, policy, coverage, label)| webhook(name, policy, coverage, selector(label)))
+        .collect();
     MutatingWebhookConfiguration {
         metadata: ObjectMeta {
             name: Some(config.webhook_configuration.clone()),
@@ -425,47 +525,6 @@ pub fn desired_mutating(
         },
         webhooks: Some(webhooks),
     }
-}
-
-/// Name of the match condition that keeps `ignore.initium.dev` from the requests
-/// `fail.initium.dev` already takes.
-pub const NOT_SENT_TO_FAIL_WEBHOOK: &str = "not-sent-to-fail.initium.dev";
-
-/// The match condition for `ignore.initium.dev` when `fail.initium.dev` covers only
-/// `namespaces`: false for a request in one of them whose resource and operation both
-/// webhooks cover. `None` when the two do not overlap. The API server evaluates it in CEL
-/// before calling; names and groups are DNS names, so quoting them needs no escaping.
-fn not_sent_to_fail_webhook(
-    namespaces: &BTreeSet<String>,
-    fail: &Coverage,
-    ignore: &Coverage,
-) -> Option<Vec<MatchCondition>> {
-    let mut both: Vec<String> = Vec::new();
-    for ((group, _version, resource), operations) in ignore {
-        let covered = fail
-            .iter()
-            .filter(|((g, _, r), _)| g == group && r == resource)
-            .flat_map(|(_, ops)| ops.iter());
-        for op in covered.filter(|op| operations.contains(op)) {
-            let key = format!("'{group}/{resource}/{}'", op.as_str());
-            if !both.contains(&key) {
-                both.push(key);
-            }
-        }
-    }
-    if both.is_empty() || namespaces.is_empty() {
-        return None;
-    }
-    both.sort();
-    let namespaces: Vec<String> = namespaces.iter().map(|n| format!("'{n}'")).collect();
-    Some(vec![MatchCondition {
-        name: NOT_SENT_TO_FAIL_WEBHOOK.into(),
-        expression: format!(
-            "!(request.namespace in [{}] && request.resource.group + '/' + request.resource.resource + '/' + request.operation in [{}])",
-            namespaces.join(", "),
-            both.join(", ")
-        ),
-    }])
 }
 
 /// The ValidatingWebhookConfiguration that sends every rule to `/validate`. Rules in every
@@ -604,20 +663,136 @@ where
     Ok(true)
 }
 
+/// At most one write of the webhook configurations (and one round of namespace labels) per
+/// this interval: a bulk apply of thousands of rules, or one tenant patching a rule ten
+/// times a second, costs the API server one write a second, each with the whole state.
+pub const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+/// Namespace label patches in flight at once.
+const CONCURRENT_LABEL_WRITES: usize = 16;
+/// The longest API server message put in a log line or a rule's condition: a refusal can
+/// quote the whole object (the API server once answered with 115 KB).
+pub const MESSAGE_MAX_BYTES: usize = 1024;
+
+/// Cuts `message` to [`MESSAGE_MAX_BYTES`] (at a character boundary), saying how much was
+/// left out.
+pub fn bounded(message: &str) -> String {
+    if message.len() <= MESSAGE_MAX_BYTES {
+        return message.to_string();
+    }
+    let mut end = MESSAGE_MAX_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}… ({} more bytes)",
+        &message[..end],
+        message.len() - end
+    )
+}
+
+/// The API server's answer that it will not store the configuration (invalid, forbidden by
+/// an admission policy, too large): retrying the same object cannot help, so the rules it was
+/// for are told, with the API server's message. Conflicts, throttling and server errors are
+/// failures retried with backoff instead.
+fn refusal(error: &ControllerError) -> Option<String> {
+    let ControllerError::Api {
+        source: kube::Error::Api(status),
+        ..
+    } = error
+    else {
+        return None;
+    };
+    matches!(status.code, 400 | 403 | 413 | 422).then(|| bounded(&status.message))
+}
+
+/// The API server refused the MutatingWebhookConfiguration built from `inputs`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    pub inputs: Arc<Inputs>,
+    /// The API server's message, cut to [`MESSAGE_MAX_BYTES`].
+    pub message: String,
+    /// The configuration's name.
+    pub configuration: String,
+}
+
+/// What the labels of the namespaces should change: namespaces to label, namespaces to
+/// unlabel. Only namespaces that exist are labeled; `pending` holds writes done that the
+/// watch has not shown yet (not repeated meanwhile).
+fn label_changes(
+    label: &str,
+    wanted: &BTreeSet<String>,
+    namespaces: &NamespaceLabels,
+    pending: &BTreeMap<String, bool>,
+) -> (Vec<String>, Vec<String>) {
+    let mut add = Vec::new();
+    let mut remove = Vec::new();
+    for (name, labels) in namespaces {
+        let has = labels.get(label).is_some_and(|v| v == "true");
+        let want = wanted.contains(name);
+        if has == want || pending.get(name) == Some(&want) {
+            continue;
+        }
+        if want {
+            add.push(name.clone());
+        } else if labels.contains_key(label) {
+            remove.push(name.clone());
+        }
+    }
+    add.sort();
+    remove.sort();
+    (add, remove)
+}
+
+/// Sets (`true`) or removes the label on one namespace, with a merge patch: it touches
+/// nothing else, and unlike server-side apply never creates a namespace deleted meanwhile.
+async fn write_label(
+    api: &Api<Namespace>,
+    label: &str,
+    name: &str,
+    on: bool,
+) -> Result<(), kube::Error> {
+    let value = if on { json!("true") } else { json!(null) };
+    let patch = json!({"metadata": {"labels": {label: value}}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match api.patch(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        // Deleted meanwhile: nothing to label.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The `webhooks` duty: while this replica holds the Lease, keeps both configurations as
-/// desired: after every change of the Ready rules, discovery or the caBundle, on gaining the
-/// Lease, and every `resync_interval` (repairing edits and deletions). After each successful
-/// pass it publishes the inputs the stored configuration now reflects (`applied`; `None`
-/// while it does not hold the Lease), which the `status` duty waits for before it calls a
-/// rule Ready.
+/// desired, and [`WebhookSettings::fail_rules_label`] on exactly the namespaces [`fail_rule_namespaces`]
+/// names: after every change of the Ready rules, discovery, the caBundle or the namespaces,
+/// on gaining the Lease, and every `resync_interval` (repairing edits and deletions), at most
+/// once per [`MIN_WRITE_INTERVAL`]. Labels are written first, then the configuration: every
+/// state in between sends each request to initium once (see [`desired_mutating`]).
+///
+/// After each successful pass it publishes the inputs the stored configuration now reflects
+/// (`applied`; `None` while it does not hold the Lease), which the `status` duty waits for
+/// before it calls a rule Ready. When the API server refuses the configuration, it publishes
+/// the refusal instead (`refused`), and the `status` duty says so on the rules waiting for it.
 pub(crate) struct Webhooks {
     client: Client,
     config: Arc<WebhookSettings>,
     budget: Duration,
     needs: watch::Receiver<Arc<Inputs>>,
+    namespaces: watch::Receiver<Option<Arc<NamespaceLabels>>>,
     ca_bundle: watch::Receiver<Option<Vec<u8>>>,
     leader: Leader,
     applied: watch::Sender<Option<Arc<Inputs>>>,
+    refused: watch::Sender<Option<Arc<Refusal>>>,
+    shared: Arc<Shared>,
+}
+
+/// Where the `webhooks` duty's results go.
+pub(crate) struct Published {
+    pub applied: watch::Sender<Option<Arc<Inputs>>>,
+    pub refused: watch::Sender<Option<Arc<Refusal>>>,
 }
 
 impl Webhooks {
@@ -626,18 +801,23 @@ impl Webhooks {
         config: Arc<WebhookSettings>,
         budget: Duration,
         needs: watch::Receiver<Arc<Inputs>>,
+        namespaces: watch::Receiver<Option<Arc<NamespaceLabels>>>,
         ca_bundle: watch::Receiver<Option<Vec<u8>>>,
         leader: Leader,
-        applied: watch::Sender<Option<Arc<Inputs>>>,
+        published: Published,
+        shared: Arc<Shared>,
     ) -> Webhooks {
         Webhooks {
             client,
             config,
             budget,
             needs,
+            namespaces,
             ca_bundle,
             leader,
-            applied,
+            applied: published.applied,
+            refused: published.refused,
+            shared,
         }
     }
 }
@@ -651,19 +831,28 @@ impl Duty for Webhooks {
             config,
             budget,
             needs,
+            namespaces,
             ca_bundle,
             leader,
             applied,
+            refused,
+            shared,
         } = self;
+        let metrics = &shared.metrics;
         let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
         let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+        let namespace_api = Api::<Namespace>::all(client.clone());
         let mut backoff = context.backoff(RETRY_FIRST, RETRY_MAX.min(config.resync_interval));
         let mut wait = Duration::ZERO;
+        let mut last_pass: Option<Instant> = None;
+        // Label writes done that the Namespace watch has not shown yet.
+        let mut pending: BTreeMap<String, bool> = BTreeMap::new();
         loop {
             tokio::select! {
                 () = context.stop.wait() => return Ok(()),
                 () = tokio::time::sleep(wait) => {}
                 Ok(()) = needs.changed() => {}
+                Ok(()) = namespaces.changed() => {}
                 Ok(()) = ca_bundle.changed() => {}
                 () = leader.changed() => {}
             }
@@ -672,19 +861,123 @@ impl Duty for Webhooks {
                 // Another replica writes the configuration now: what this one wrote says
                 // nothing about what is stored.
                 applied.send_if_modified(|a| a.take().is_some());
+                refused.send_if_modified(|r| r.take().is_some());
+                metrics.webhook_configuration_refused.set(0);
+                pending.clear();
+                last_pass = None;
                 continue;
+            }
+            // Changes that come faster than MIN_WRITE_INTERVAL wait and are written together.
+            if let Some(last) = last_pass {
+                let next = last + MIN_WRITE_INTERVAL;
+                let now = Instant::now();
+                if now < next {
+                    wait = next - now;
+                    continue;
+                }
             }
             let inputs = needs.borrow_and_update().clone();
             let ca = ca_bundle.borrow_and_update().clone();
+            let Some(labels) = namespaces.borrow_and_update().clone() else {
+                // Namespaces not listed yet: which ones carry the label is not known.
+                continue;
+            };
             let Some(served) = &inputs.served else {
                 continue;
             };
+            last_pass = Some(Instant::now());
+            // What the watch now shows needs no reminder.
+            let label = config.fail_rules_label();
+            pending.retain(|name, want| {
+                labels
+                    .get(name)
+                    .is_some_and(|l| l.get(&label).is_some_and(|v| v == "true") != *want)
+            });
+            let wanted = fail_rule_namespaces(config, &inputs.rules);
+            let (add, remove) = label_changes(&label, &wanted, &labels, &pending);
             let desired_mutating =
                 desired_mutating(config, *budget, ca.as_deref(), &inputs.rules, served);
             let desired_validating = desired_validating(config, ca.as_deref());
+            let label_result = {
+                let writes: Vec<(String, bool)> = add
+                    .iter()
+                    .map(|n| (n.clone(), true))
+                    .chain(remove.iter().map(|n| (n.clone(), false)))
+                    .collect();
+                let mut results = futures::stream::iter(writes)
+                    .map(|(name, on): (String, bool)| {
+                        let api = namespace_api.clone();
+                        let label = label.clone();
+                        async move {
+                            let result = write_label(&api, &label, &name, on).await;
+                            (name, on, result)
+                        }
+                    })
+                    .buffer_unordered(CONCURRENT_LABEL_WRITES);
+                let mut failed: Option<(String, kube::Error)> = None;
+                let mut failures = 0usize;
+                while let Some((name, on, result)) = results.next().await {
+                    match result {
+                        Ok(()) => {
+                            pending.insert(name, on);
+                            metrics
+                                .namespace_label_writes
+                                .get_or_create(&ResultLabels {
+                                    result: if on { "added" } else { "removed" },
+                                })
+                                .inc();
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            metrics
+                                .namespace_label_writes
+                                .get_or_create(&ResultLabels { result: "failed" })
+                                .inc();
+                            failed.get_or_insert((name, e));
+                        }
+                    }
+                }
+                match failed {
+                    None => Ok(()),
+                    Some((name, e)) => Err(ControllerError::api(
+                        "label",
+                        format!(
+                            "Namespace {name} ({failures} of {} label writes failed)",
+                            add.len() + remove.len()
+                        ),
+                        e,
+                    )),
+                }
+            };
+            if !add.is_empty() || !remove.is_empty() {
+                tracing::info!(
+                    labeled = add.len(),
+                    unlabeled = remove.len(),
+                    %label,
+                    "updated the namespaces that have Fail rules"
+                );
+            }
             let result = async {
-                let wrote_mutating =
-                    reconcile(&mutating, &desired_mutating, "MutatingWebhookConfiguration").await?;
+                label_result?;
+                let wrote_mutating = reconcile(
+                    &mutating,
+                    &desired_mutating,
+                    "MutatingWebhookConfiguration",
+                )
+                .await;
+                let outcome = match &wrote_mutating {
+                    Ok(true) => Some("applied"),
+                    Ok(false) => None,
+                    Err(e) if refusal(e).is_some() => Some("refused"),
+                    Err(_) => Some("failed"),
+                };
+                if let Some(result) = outcome {
+                    metrics
+                        .webhook_configuration_writes
+                        .get_or_create(&ResultLabels { result })
+                        .inc();
+                }
+                let wrote_mutating = wrote_mutating?;
                 let wrote_validating = reconcile(
                     &validating,
                     &desired_validating,
@@ -697,6 +990,8 @@ impl Duty for Webhooks {
             match result {
                 Ok((wrote_mutating, wrote_validating)) => {
                     backoff.succeeded();
+                    refused.send_if_modified(|r| r.take().is_some());
+                    metrics.webhook_configuration_refused.set(0);
                     applied.send_if_modified(|current| {
                         if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &inputs)) {
                             return false;
@@ -706,10 +1001,17 @@ impl Duty for Webhooks {
                     });
                     if wrote_mutating {
                         let webhooks = desired_mutating.webhooks.as_deref().unwrap_or_default();
+                        let bytes = serde_json::to_vec(&desired_mutating)
+                            .map(|b| b.len())
+                            .unwrap_or_default();
+                        metrics
+                            .webhook_configuration_bytes
+                            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
                         tracing::info!(
                             name = %config.webhook_configuration,
                             webhooks = ?webhooks.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(),
                             rules = inputs.rules.len(),
+                            bytes,
                             "applied the MutatingWebhookConfiguration"
                         );
                     }
@@ -718,8 +1020,25 @@ impl Duty for Webhooks {
                     }
                 }
                 Err(e) => {
-                    wait =
-                        backoff.failed("updating the webhook configurations failed", &report(&e));
+                    if let Some(message) = refusal(&e) {
+                        metrics.webhook_configuration_refused.set(1);
+                        let refusal = Arc::new(Refusal {
+                            inputs: inputs.clone(),
+                            message,
+                            configuration: config.webhook_configuration.clone(),
+                        });
+                        refused.send_if_modified(|current| {
+                            if current.as_deref() == Some(&*refusal) {
+                                return false;
+                            }
+                            *current = Some(refusal.clone());
+                            true
+                        });
+                    }
+                    wait = backoff.failed(
+                        "updating the webhook configurations failed",
+                        &bounded(&report(&e)),
+                    );
                 }
             }
         }
@@ -873,63 +1192,292 @@ mod tests {
         );
     }
 
+    fn limited(
+        kinds: &[&str],
+        policy: FailurePolicy,
+        namespaces: &[&str],
+        namespaced_only: bool,
+    ) -> RuleNeeds {
+        let mut rule = needs(kinds, &[Operation::Create, Operation::Update], policy);
+        rule.namespaced_only = namespaced_only;
+        rule.namespaces = Some(namespaces.iter().map(|n| n.to_string()).collect());
+        rule
+    }
+
+    fn selector_of(configuration: &MutatingWebhookConfiguration, name: &str) -> serde_json::Value {
+        let webhook = configuration
+            .webhooks
+            .iter()
+            .flatten()
+            .find(|w| w.name == name)
+            .unwrap_or_else(|| panic!("no webhook {name}"));
+        serde_json::to_value(&webhook.namespace_selector).unwrap()
+    }
+
     #[test]
-    fn fail_rules_of_namespace_owners_only_put_their_namespaces_at_risk() {
+    fn fail_rules_of_namespace_owners_only_put_labeled_namespaces_at_risk() {
         let mut strict = needs(&["Pod"], &[Operation::Create], FailurePolicy::Fail);
         strict.namespaced_only = true;
         strict.namespaces = Some(vec!["strict".into()]);
         let soft = needs(&["Pod"], &[Operation::Create], FailurePolicy::Ignore);
         let configuration = mutating(&[strict.clone(), soft.clone()]);
-        let webhooks = configuration.webhooks.clone().unwrap_or_default();
-        let selector = |i: usize| serde_json::to_value(&webhooks[i].namespace_selector).unwrap();
-        assert_eq!(webhooks[0].name, FAIL_WEBHOOK);
-        assert_eq!(
-            selector(0)["matchExpressions"][0],
-            serde_json::json!({"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": ["strict"]})
-        );
-        assert_eq!(selector(0)["matchExpressions"][1]["operator"], "NotIn");
-        assert_eq!(
-            webhooks[1].name, IGNORE_WEBHOOK,
-            "pods elsewhere go to the Ignore webhook"
-        );
         assert_eq!(
             summary(&configuration),
             [
-                "fail.initium.dev: /v1 pods [CREATE]",
+                "fail-labeled.initium.dev: /v1 pods [CREATE]",
                 "ignore.initium.dev: /v1 pods [CREATE]"
-            ]
+            ],
+            "Pods of labeled namespaces go to the Fail webhook only, the others to Ignore"
         );
-        assert_eq!(webhooks[0].match_conditions, None);
+        let excluded = serde_json::json!({"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": ["initium-system", "kube-system"]});
         assert_eq!(
-            webhooks[1].match_conditions,
-            Some(vec![MatchCondition {
-                name: NOT_SENT_TO_FAIL_WEBHOOK.into(),
-                expression: "!(request.namespace in ['strict'] && request.resource.group + '/' + request.resource.resource + '/' + request.operation in ['/pods/CREATE'])".into(),
-            }]),
-            "a Pod created in `strict` goes to the Fail webhook only, not to both"
+            selector_of(&configuration, FAIL_LABELED_WEBHOOK),
+            serde_json::json!({"matchExpressions": [excluded, {"key": "fail-rules.initium.dev/initium", "operator": "Exists"}]})
         );
-        // Ignore rules for what no Fail rule needs get no condition.
-        let mut updates = needs(&["Pod"], &[Operation::Update], FailurePolicy::Ignore);
-        updates.namespaces = None;
-        let configuration = mutating(&[strict.clone(), updates]);
-        let webhooks = configuration.webhooks.unwrap_or_default();
-        assert_eq!(webhooks[1].name, IGNORE_WEBHOOK);
-        assert_eq!(webhooks[1].match_conditions, None);
-        // A Fail rule that may apply anywhere takes the whole resource.
+        assert_eq!(
+            selector_of(&configuration, IGNORE_WEBHOOK),
+            serde_json::json!({"matchExpressions": [excluded, {"key": "fail-rules.initium.dev/initium", "operator": "DoesNotExist"}]})
+        );
+        assert!(
+            configuration
+                .webhooks
+                .iter()
+                .flatten()
+                .all(|w| w.match_conditions.is_none())
+        );
+        assert_eq!(
+            fail_rule_namespaces(&config(), &[strict.clone(), soft.clone()]),
+            BTreeSet::from(["strict".to_string()])
+        );
+        // A Fail rule that may apply anywhere takes the whole resource, everywhere.
         let anywhere = needs(&["Pod"], &[Operation::Create], FailurePolicy::Fail);
         let configuration = mutating(&[strict, soft, anywhere]);
         assert_eq!(
             summary(&configuration),
             ["fail.initium.dev: /v1 pods [CREATE]"]
         );
-        let selector =
-            serde_json::to_value(&configuration.webhooks.unwrap_or_default()[0].namespace_selector)
-                .unwrap();
         assert_eq!(
-            selector["matchExpressions"].as_array().map(Vec::len),
-            Some(1),
-            "{selector}"
+            selector_of(&configuration, FAIL_WEBHOOK),
+            serde_json::json!({"matchExpressions": [excluded]})
         );
+    }
+
+    #[test]
+    fn the_configuration_does_not_grow_with_the_tenants() {
+        let tenants = |n: usize| -> Vec<RuleNeeds> {
+            (0..n)
+                .map(|i| {
+                    let name = format!("{i:0>63}");
+                    limited(&["Pod"], FailurePolicy::Fail, &[&name], true)
+                })
+                .collect()
+        };
+        let bytes = |rules: &[RuleNeeds]| serde_json::to_vec(&mutating(rules)).unwrap().len();
+        assert_eq!(bytes(&tenants(10)), bytes(&tenants(10_000)));
+        assert_eq!(
+            fail_rule_namespaces(&config(), &tenants(10_000)).len(),
+            10_000
+        );
+    }
+
+    #[test]
+    fn own_and_excluded_namespaces_are_never_labeled() {
+        let rules = [
+            limited(&["Pod"], FailurePolicy::Fail, &["initium-system"], true),
+            limited(&["Pod"], FailurePolicy::Fail, &["kube-system", "team-a"], false),
+            limited(&["Pod"], FailurePolicy::Ignore, &["team-b"], true),
+        ];
+        assert_eq!(
+            fail_rule_namespaces(&config(), &rules),
+            BTreeSet::from(["team-a".to_string()])
+        );
+    }
+
+    /// What the API server does with a request, from the configuration alone: the webhooks
+    /// called, with their failure policies. `labeled`: whether the namespace (or, for a
+    /// Namespace object, the object itself) carries the label.
+    fn route(
+        configuration: &MutatingWebhookConfiguration,
+        request: (&str, &str, &str, Operation),
+        namespace: Option<&str>,
+        labeled: bool,
+    ) -> Vec<(String, String)> {
+        let (group, version, resource, operation) = request;
+        let namespace_object = group.is_empty() && resource == "namespaces";
+        let mut labels = BTreeMap::new();
+        if labeled {
+            labels.insert(config().fail_rules_label(), "true".to_string());
+        }
+        if let Some(ns) = namespace {
+            labels.insert(NAMESPACE_NAME_LABEL.to_string(), ns.to_string());
+        }
+        let selected = |selector: &LabelSelector| {
+            if namespace.is_none() && !namespace_object {
+                return true; // never skipped for other cluster-scoped objects
+            }
+            selector.match_expressions.iter().flatten().all(|e| {
+                let value = labels.get(&e.key);
+                let values = e.values.clone().unwrap_or_default();
+                match e.operator.as_str() {
+                    "In" => value.is_some_and(|v| values.contains(v)),
+                    "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                    "Exists" => value.is_some(),
+                    "DoesNotExist" => value.is_none(),
+                    other => panic!("operator {other}"),
+                }
+            })
+        };
+        configuration
+            .webhooks
+            .iter()
+            .flatten()
+            .filter(|w| w.namespace_selector.as_ref().is_none_or(selected))
+            .filter(|w| {
+                w.rules.iter().flatten().any(|r| {
+                    r.api_groups.iter().flatten().any(|g| g == group)
+                        && r.api_versions.iter().flatten().any(|v| v == version)
+                        && r.resources.iter().flatten().any(|x| x == resource)
+                        && r.operations.iter().flatten().any(|o| o == operation.as_str())
+                })
+            })
+            .map(|w| (w.name.clone(), w.failure_policy.clone().unwrap_or_default()))
+            .collect()
+    }
+
+    #[test]
+    fn every_request_reaches_initium_once_and_fails_closed_only_where_a_fail_rule_asks() {
+        let pods_fail_a = limited(&["Pod"], FailurePolicy::Fail, &["team-a"], true);
+        let maps_fail_b = limited(&["ConfigMap"], FailurePolicy::Fail, &["team-b"], true);
+        let pods_ignore = needs(&["Pod"], &[Operation::Create], FailurePolicy::Ignore);
+        let wildcard_ignore = needs(&["*"], &[Operation::Update], FailurePolicy::Ignore);
+        let deployments_fail = needs(
+            &["apps/v1/Deployment"],
+            &[Operation::Create],
+            FailurePolicy::Fail,
+        );
+        let namespaces_fail = limited(&["Namespace"], FailurePolicy::Fail, &["team-c"], false);
+        let all = [
+            pods_fail_a,
+            maps_fail_b,
+            pods_ignore,
+            wildcard_ignore,
+            deployments_fail,
+            namespaces_fail,
+        ];
+        let requests = [
+            ("", "v1", "pods"),
+            ("", "v1", "configmaps"),
+            ("", "v1", "namespaces"),
+            ("apps", "v1", "deployments"),
+            ("example.com", "v1", "widgets"),
+        ];
+        // Every subset of the rules, every request, labeled or not.
+        for mask in 0u32..(1 << all.len()) {
+            let rules: Vec<RuleNeeds> = (0..all.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| all[i].clone())
+                .collect();
+            let configuration = mutating(&rules);
+            let labeled_namespaces = fail_rule_namespaces(&config(), &rules);
+            for (group, version, resource) in requests {
+                let cluster_scoped = resource == "namespaces" || resource == "widgets";
+                let namespaces: &[&str] = if resource == "widgets" {
+                    &[""]
+                } else {
+                    &["team-a", "team-b", "team-c", "other"]
+                };
+                for ns in namespaces {
+                    for operation in [Operation::Create, Operation::Update] {
+                        // The namespace a rule limited to namespaces looks at: the request's,
+                        // or a Namespace object's own name.
+                        let namespace = (!cluster_scoped).then_some(*ns);
+                        let key = if resource == "namespaces" { Some(*ns) } else { namespace };
+                        let labeled = key.is_some_and(|n| labeled_namespaces.contains(n));
+                        for actually_labeled in [labeled, false] {
+                            let routed = route(
+                                &configuration,
+                                (group, version, resource, operation),
+                                if resource == "namespaces" { Some(ns) } else { namespace },
+                                actually_labeled,
+                            );
+                            let served = served();
+                            let applies = |r: &RuleNeeds| {
+                                r.operations.contains(&operation)
+                                    && r.kinds.iter().any(|k| {
+                                        served.matching(k).any(|s| {
+                                            s.plural == resource
+                                                && s.gvk.group == group
+                                                && s.never_intercepted().is_none()
+                                                && (s.namespaced
+                                                    || !(r.namespaced_only
+                                                        || (r.namespaces.is_some()
+                                                            && resource != "namespaces")))
+                                        })
+                                    })
+                            };
+                            let needed = rules.iter().any(applies);
+                            let fail_closed = rules.iter().any(|r| {
+                                applies(r)
+                                    && r.failure_policy == FailurePolicy::Fail
+                                    && match &r.namespaces {
+                                        None => true,
+                                        Some(_) => actually_labeled,
+                                    }
+                            });
+                            let what = format!(
+                                "rules {mask:06b}, {operation:?} {group}/{resource} in {ns:?}, labeled {actually_labeled}: {routed:?}"
+                            );
+                            assert_eq!(routed.len(), usize::from(needed), "{what}");
+                            if let Some((_, policy)) = routed.first() {
+                                assert_eq!(policy == "Fail", fail_closed, "{what}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn label_changes_add_where_wanted_and_remove_only_initiums_label() {
+        const LABEL: &str = "fail-rules.initium.dev/initium";
+        let ns = |labels: &[(&str, &str)]| {
+            Arc::new(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+        };
+        let namespaces: NamespaceLabels = [
+            ("new".to_string(), ns(&[])),
+            ("kept".to_string(), ns(&[(LABEL, "true")])),
+            ("stale".to_string(), ns(&[(LABEL, "true")])),
+            ("edited".to_string(), ns(&[(LABEL, "no")])),
+            ("untouched".to_string(), ns(&[("team", "x")])),
+        ]
+        .into_iter()
+        .collect();
+        let wanted: BTreeSet<String> = ["new", "kept", "edited", "missing"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (add, remove) = label_changes(LABEL, &wanted, &namespaces, &BTreeMap::new());
+        assert_eq!(add, ["edited", "new"], "a namespace that does not exist is not labeled");
+        assert_eq!(remove, ["stale"]);
+        // A write the watch has not shown yet is not repeated.
+        let pending = BTreeMap::from([("new".to_string(), true)]);
+        let (add, _) = label_changes(LABEL, &wanted, &namespaces, &pending);
+        assert_eq!(add, ["edited"]);
+    }
+
+    #[test]
+    fn long_messages_are_bounded() {
+        let long = "é".repeat(100_000);
+        let cut = bounded(&long);
+        assert!(cut.len() < MESSAGE_MAX_BYTES + 40, "{}", cut.len());
+        assert!(cut.ends_with("more bytes)"), "{cut}");
+        assert_eq!(bounded("short"), "short");
     }
 
     #[test]
