@@ -300,7 +300,7 @@ async fn while_initium_is_down_a_fail_rule_holds_a_job_back_with_bounded_retries
     wait_for_stamp(&client, &open, "open").await;
 
     initium.kill();
-    let rejected_before = webhook_rejections("fail.initium.dev");
+    let rejected_before = webhook_rejections("fail-labeled.initium.dev");
     let down = Instant::now();
     for ns in [&held, &open] {
         Api::<Job>::namespaced(client.clone(), ns)
@@ -324,11 +324,11 @@ async fn while_initium_is_down_a_fail_rule_holds_a_job_back_with_bounded_retries
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    let rejected = webhook_rejections("fail.initium.dev") - rejected_before;
+    let rejected = webhook_rejections("fail-labeled.initium.dev") - rejected_before;
     let events = failed_creates(&client, &held, "batch").await;
     eprintln!(
         "initium down {:?}: the Job controller tried to create a Pod {rejected} times \
-         (API server rejections by fail.initium.dev), {events} FailedCreate Events on the Job",
+         (API server rejections by fail-labeled.initium.dev), {events} FailedCreate Events on the Job",
         down.elapsed()
     );
     // The Job controller backs off exponentially (1 s, 2 s, 4 s ... up to 60 s) between

@@ -694,14 +694,16 @@ async fn the_webhook_configuration_covers_exactly_what_ready_rules_need() {
     // find nothing to write (a stored default missing from the desired configuration would
     // make every resync write).
     let served = discovery::discover(&client).await.expect("discovery");
-    let needs: Vec<RuleNeeds> = [
+    let needs: Vec<std::sync::Arc<RuleNeeds>> = [
         (RuleId::namespaced(&team, "pods"), rule_spec(&["Pod"])),
         (RuleId::cluster("deployments"), deployments_spec()),
     ]
     .into_iter()
     .map(|(id, spec)| {
         let spec = serde_json::from_value(spec).expect("a rule spec");
-        RuleNeeds::of(&compile(id, &spec).expect("the rule compiles"))
+        std::sync::Arc::new(RuleNeeds::of(
+            &compile(id, &spec).expect("the rule compiles"),
+        ))
     })
     .collect();
     let desired = webhooks::desired_mutating(

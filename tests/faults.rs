@@ -632,9 +632,9 @@ async fn serve_killed_during_creates_delays_none_and_stores_no_fail_pod_unmutate
                 .as_array()
                 .into_iter()
                 .flatten()
-                .find(|w| w["name"] == "fail.initium.dev")
+                .find(|w| w["name"] == "fail-labeled.initium.dev")
                 .cloned()
-                .ok_or_else(|| format!("no fail.initium.dev in {configuration}"))?;
+                .ok_or_else(|| format!("no fail-labeled.initium.dev in {configuration}"))?;
             let covers_pods = fail["rules"].as_array().into_iter().flatten().any(|r| {
                 r["resources"]
                     .as_array()
@@ -643,7 +643,9 @@ async fn serve_killed_during_creates_delays_none_and_stores_no_fail_pod_unmutate
             if covers_pods {
                 Ok(fail)
             } else {
-                Err(format!("fail.initium.dev does not cover pods: {fail}"))
+                Err(format!(
+                    "fail-labeled.initium.dev does not cover pods: {fail}"
+                ))
             }
         },
     )
@@ -731,7 +733,7 @@ async fn serve_killed_during_creates_delays_none_and_stores_no_fail_pod_unmutate
     for c in &rejected {
         let message = c.outcome.as_ref().expect_err("rejected");
         assert!(
-            message.contains("fail.initium.dev"),
+            message.contains("fail-labeled.initium.dev"),
             "{} was rejected for another reason: {message}",
             c.name
         );

@@ -452,7 +452,8 @@ fn initium_usage() -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// From the API server's own metrics: calls to `fail.initium.dev` that did not answer 200,
+/// From the API server's own metrics: calls to `fail-labeled.initium.dev` (the tenant's Fail
+/// rule, in its labeled namespace) that did not answer 200,
 /// and admissions it rejected because calling the webhook failed.
 fn webhook_failures() -> (f64, f64) {
     let metrics = k(&["get", "--raw", "/metrics"]);
@@ -460,7 +461,7 @@ fn webhook_failures() -> (f64, f64) {
         metrics
             .lines()
             .filter(|l| {
-                l.starts_with(prefix) && l.contains(r#"name="fail.initium.dev""#) && keep(l)
+                l.starts_with(prefix) && l.contains(r#"name="fail-labeled.initium.dev""#) && keep(l)
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
@@ -572,7 +573,7 @@ spec:
     let max_memory = samples.iter().map(|s| s.0).max().unwrap_or(0);
     let max_cpu = samples.iter().map(|s| s.1).max().unwrap_or(0);
     eprintln!(
-        "continuity over {window:?}: {} creates, {} refused, {} unmutated, slowest create {slowest:?}; the API server's calls to fail.initium.dev not answered 200: {failed_calls}, rejections for a failed call: {rejections}; initium container (kubelet summary, {} samples): memory working set max {:.1} MiB, CPU max {} millicores",
+        "continuity over {window:?}: {} creates, {} refused, {} unmutated, slowest create {slowest:?}; the API server's calls to fail-labeled.initium.dev not answered 200: {failed_calls}, rejections for a failed call: {rejections}; initium container (kubelet summary, {} samples): memory working set max {:.1} MiB, CPU max {} millicores",
         creates.len(),
         refused.len(),
         unmutated.len(),

@@ -162,7 +162,10 @@ async fn fail_rules_of_thousands_of_tenants_fail_closed_only_in_their_namespaces
     for webhook in ["fail-labeled.initium.dev", "ignore.initium.dev"] {
         assert!(names_in_it.contains(&webhook), "{names_in_it:?}");
     }
-    assert!(!names_in_it.contains(&"fail.initium.dev"), "{names_in_it:?}");
+    assert!(
+        !names_in_it.contains(&"fail.initium.dev"),
+        "{names_in_it:?}"
+    );
     assert!(
         bytes < 16 * 1024,
         "{bytes} bytes of webhooks for {n} tenants"
@@ -350,10 +353,14 @@ async fn a_configuration_the_api_server_refuses_leaves_its_rules_not_ready_with_
     create_rules(&client, &[rule("pods", "Pod")], 1)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
-    eventually("the Pod rule to be Ready", Duration::from_secs(60), || async {
-        let c = ready_condition("pods").await?;
-        (c["status"] == "True").then_some(()).ok_or(c.to_string())
-    })
+    eventually(
+        "the Pod rule to be Ready",
+        Duration::from_secs(60),
+        || async {
+            let c = ready_condition("pods").await?;
+            (c["status"] == "True").then_some(()).ok_or(c.to_string())
+        },
+    )
     .await;
 
     // The cluster's policy: no webhooks on ConfigMaps for this configuration.
@@ -432,7 +439,12 @@ async fn a_configuration_the_api_server_refuses_leaves_its_rules_not_ready_with_
         1.0,
         "only the Pod rule counts as ready: {metrics}"
     );
-    assert!(metric_sum(&metrics, "initium_webhook_configuration_writes_total{result=\"refused\"") >= 1.0);
+    assert!(
+        metric_sum(
+            &metrics,
+            "initium_webhook_configuration_writes_total{result=\"refused\""
+        ) >= 1.0
+    );
     // Log lines stay short, however long the API server's answer.
     let log = std::fs::read_to_string(&serving.initium.log).expect("the log");
     let refusals: Vec<&str> = log

@@ -15,7 +15,7 @@ use tokio::sync::Semaphore;
 use super::Limits;
 use super::limits::InflightBytes;
 use crate::metrics::Metrics;
-use initium_engine::{Limits as RuleLimits, LookupStore, RuleIndex};
+use initium_engine::{Limits as RuleLimits, LookupStore, RuleId, RuleIndex};
 
 /// Labels of every Namespace, by name (for `namespaceSelector`).
 /// Each Namespace's labels, shared between the duty's working copy and the published one
@@ -86,17 +86,22 @@ pub struct Shared {
 pub(crate) struct LabelView {
     index: Weak<RuleIndex>,
     kinds: HashSet<String>,
-    rules: HashSet<String>,
+    /// The rules, by id (cheap clones of the index's `Arc<str>`s, hashed with foldhash: built
+    /// on every rule change, for ten thousand rules, so no id is formatted).
+    rules: foldhash::HashSet<RuleId>,
 }
 
 impl LabelView {
     fn of(index: &Arc<RuleIndex>) -> LabelView {
         let mut kinds = HashSet::new();
-        let mut rules = HashSet::new();
+        let mut rules = foldhash::HashSet::default();
+        rules.reserve(index.len());
         for rule in index.rules() {
-            rules.insert(rule.id.to_string());
+            rules.insert(rule.id.clone());
             for pattern in rule.kinds() {
-                if let Some(kind) = pattern.kind.exact() {
+                if let Some(kind) = pattern.kind.exact()
+                    && !kinds.contains(kind)
+                {
                     kinds.insert(kind.to_string());
                 }
             }
@@ -106,6 +111,15 @@ impl LabelView {
             kinds,
             rules,
         }
+    }
+
+    /// Whether the rule a metric series names (`namespace/name` or `name`) is in the index.
+    fn has_rule(&self, series: &str) -> bool {
+        let id = match series.split_once('/') {
+            Some((namespace, name)) => RuleId::namespaced(namespace, name),
+            None => RuleId::cluster(series),
+        };
+        self.rules.contains(&id)
     }
 
     /// Whether it was built from `index`. The view holds a `Weak` to it, so the address cannot
@@ -208,7 +222,7 @@ impl Shared {
     }
 
     fn prune_rule_series(&self, view: &LabelView) {
-        let keep = |rule: &str| view.rules.contains(rule);
+        let keep = |rule: &str| view.has_rule(rule);
         self.metrics.rule_applied.retain(keep);
         self.metrics.rule_errors.retain(keep);
         self.metrics.rule_audit_changes.retain(keep);

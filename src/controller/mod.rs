@@ -362,9 +362,11 @@ pub async fn run(
         client,
         Arc::new(config.webhook_settings()),
         shared.config.budget,
-        needs_rx,
-        namespaces_rx,
-        ca_bundle,
+        webhooks::Watched {
+            needs: needs_rx,
+            namespaces: namespaces_rx,
+            ca_bundle,
+        },
         leader.clone(),
         webhooks::Published {
             applied: applied_tx,
@@ -378,4 +380,38 @@ pub async fn run(
         shared.metrics.certificate_expiry.clone(),
     ));
     duties.run(shutdown, stop_tx).await
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn named(name: &str) -> Result<(), ControllerError> {
+        let mut config = ControllerConfig::new(
+            "initium-system",
+            WebhookEndpoint::Url("https://127.0.0.1:8443".into()),
+        );
+        config.webhook_configuration = name.into();
+        config.validate()
+    }
+
+    #[test]
+    fn the_webhook_configuration_name_must_fit_the_label_it_names() {
+        assert!(named("initium").is_ok());
+        assert!(named(&"a".repeat(63)).is_ok());
+        for bad in [
+            &"a".repeat(64),
+            "Initium",
+            "-initium",
+            "initium.",
+            "init_ium",
+        ] {
+            let message = named(bad).unwrap_err().to_string();
+            assert!(
+                message.contains("--webhook-name") && message.contains("fail-rules.initium.dev/"),
+                "{bad}: {message}"
+            );
+        }
+    }
 }

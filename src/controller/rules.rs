@@ -9,7 +9,7 @@
 
 use initium_engine::human_bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -300,6 +300,13 @@ struct Entry {
     /// status write of one rule among ten thousand publishes ten thousand pointers, not ten
     /// thousand copies.
     view: Arc<RuleView>,
+    /// What the rule needs intercepted (if it compiled), worked out once per spec and shared
+    /// with every published [`Inputs`].
+    needs: Option<Arc<RuleNeeds>>,
+    /// The verdict on the rule's kinds (before the namespace quotas), with the discovery it
+    /// was worked out against: a publish judges again only rules that changed, or all of
+    /// them when discovery changed.
+    kind_verdict: Option<(Weak<Served>, Verdict)>,
 }
 
 /// Identifies a rule object's spec: a hash of its uid (a rule deleted and created again is a
@@ -670,8 +677,17 @@ impl RuleTable {
             let mut rule_needs = Vec::new();
             let mut verdicts: Vec<Verdict> = self
                 .entries
-                .iter()
-                .map(|(id, entry)| verdict(id, &entry.kinds, &entry.compiled, &served))
+                .iter_mut()
+                .map(|(id, entry)| match &entry.kind_verdict {
+                    Some((seen, verdict)) if std::ptr::eq(seen.as_ptr(), Arc::as_ptr(&served)) => {
+                        verdict.clone()
+                    }
+                    _ => {
+                        let judged = verdict(id, &entry.kinds, &entry.compiled, &served);
+                        entry.kind_verdict = Some((Arc::downgrade(&served), judged.clone()));
+                        judged
+                    }
+                })
                 .collect();
             apply_lookup_quota(&self.entries, &mut verdicts, self.lookup_quota);
             apply_gate_object_quota(&self.entries, &mut verdicts, self.gate_object_quota);
@@ -703,9 +719,11 @@ impl RuleTable {
                     self.snapshot_stale = true;
                 }
                 entry.judged = true;
-                if let (Ok(rule), true) = (&entry.compiled, verdict.is_ready()) {
+                if let (Ok(rule), Some(needs), true) =
+                    (&entry.compiled, &entry.needs, verdict.is_ready())
+                {
                     ready.push(rule.clone());
-                    rule_needs.push(RuleNeeds::of(rule));
+                    rule_needs.push(needs.clone());
                 }
             }
             shared.swap_rules(RuleIndex::shared(ready));
@@ -777,6 +795,8 @@ fn entry_for(
             compiled: current.compiled.clone(),
             judged: current.judged,
             view: view(current.judged.then_some(&current.view.verdict)),
+            needs: current.needs.clone(),
+            kind_verdict: current.kind_verdict.clone(),
         };
         return (observed.id, entry, false);
     }
@@ -788,6 +808,10 @@ fn entry_for(
             tracing::warn!(rule = %observed.id.describe(), errors = %errors, "rule is invalid")
         }
     }
+    let needs = compiled
+        .as_ref()
+        .ok()
+        .map(|rule| Arc::new(RuleNeeds::of(rule)));
     let entry = Entry {
         spec_key,
         created: observed.created,
@@ -795,6 +819,8 @@ fn entry_for(
         compiled,
         judged: false,
         view,
+        needs,
+        kind_verdict: None,
     };
     (observed.id, entry, true)
 }

@@ -31,8 +31,8 @@ use tokio::time::Instant;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
-    ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
@@ -196,7 +196,7 @@ pub fn webhook_timeout_seconds(budget: Duration) -> i32 {
 }
 
 /// What one Ready rule needs intercepted.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleNeeds {
     pub kinds: Vec<KindPattern>,
     pub operations: Vec<Operation>,
@@ -228,7 +228,8 @@ impl RuleNeeds {
 /// What the webhook configuration is derived from: the Ready rules and discovery.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Inputs {
-    pub rules: Vec<RuleNeeds>,
+    /// Shared with the rule table, which works each out once per spec.
+    pub rules: Vec<Arc<RuleNeeds>>,
     pub served: Option<Arc<Served>>,
 }
 
@@ -260,7 +261,7 @@ impl Scope {
 
 /// What the rules of one scope need intercepted, and which of those resources are
 /// cluster-scoped other than Namespaces (a `namespaceSelector` never keeps those out).
-fn coverage(rules: &[RuleNeeds], served: &Served, scope: Scope) -> (Coverage, BTreeSet<Key>) {
+fn coverage(rules: &[Arc<RuleNeeds>], served: &Served, scope: Scope) -> (Coverage, BTreeSet<Key>) {
     let mut coverage = Coverage::new();
     let mut unselectable = BTreeSet::new();
     for rule in rules.iter().filter(|r| Scope::of(r) == scope) {
@@ -400,7 +401,10 @@ fn labels() -> BTreeMap<String, String> {
 /// The namespaces that must carry [`WebhookSettings::fail_rules_label`]: those a Ready `failurePolicy: Fail`
 /// rule is limited to (a MutationRule's own namespace, a ClusterMutationRule's literal
 /// `namespaces`), minus initium's own and the excluded namespaces (never intercepted anyway).
-pub fn fail_rule_namespaces(config: &WebhookSettings, rules: &[RuleNeeds]) -> BTreeSet<String> {
+pub fn fail_rule_namespaces(
+    config: &WebhookSettings,
+    rules: &[Arc<RuleNeeds>],
+) -> BTreeSet<String> {
     let excluded = excluded_namespaces(config);
     rules
         .iter()
@@ -437,7 +441,7 @@ pub fn desired_mutating(
     config: &WebhookSettings,
     budget: Duration,
     ca_bundle: Option<&[u8]>,
-    rules: &[RuleNeeds],
+    rules: &[Arc<RuleNeeds>],
     served: &Served,
 ) -> MutatingWebhookConfiguration {
     let (anywhere, _) = coverage(rules, served, Scope::FailAnywhere);
@@ -683,11 +687,7 @@ pub fn bounded(message: &str) -> String {
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    format!(
-        "{}… ({} more bytes)",
-        &message[..end],
-        message.len() - end
-    )
+    format!("{}… ({} more bytes)", &message[..end], message.len() - end)
 }
 
 /// The API server's answer that it will not store the configuration (invalid, forbidden by
@@ -789,6 +789,14 @@ pub(crate) struct Webhooks {
     shared: Arc<Shared>,
 }
 
+/// What the `webhooks` duty follows: the Ready rules' needs, the namespaces' labels (`None`
+/// until listed) and the caBundle.
+pub(crate) struct Watched {
+    pub needs: watch::Receiver<Arc<Inputs>>,
+    pub namespaces: watch::Receiver<Option<Arc<NamespaceLabels>>>,
+    pub ca_bundle: watch::Receiver<Option<Vec<u8>>>,
+}
+
 /// Where the `webhooks` duty's results go.
 pub(crate) struct Published {
     pub applied: watch::Sender<Option<Arc<Inputs>>>,
@@ -800,9 +808,7 @@ impl Webhooks {
         client: Client,
         config: Arc<WebhookSettings>,
         budget: Duration,
-        needs: watch::Receiver<Arc<Inputs>>,
-        namespaces: watch::Receiver<Option<Arc<NamespaceLabels>>>,
-        ca_bundle: watch::Receiver<Option<Vec<u8>>>,
+        watched: Watched,
         leader: Leader,
         published: Published,
         shared: Arc<Shared>,
@@ -811,9 +817,9 @@ impl Webhooks {
             client,
             config,
             budget,
-            needs,
-            namespaces,
-            ca_bundle,
+            needs: watched.needs,
+            namespaces: watched.namespaces,
+            ca_bundle: watched.ca_bundle,
             leader,
             applied: published.applied,
             refused: published.refused,
@@ -959,12 +965,8 @@ impl Duty for Webhooks {
             }
             let result = async {
                 label_result?;
-                let wrote_mutating = reconcile(
-                    &mutating,
-                    &desired_mutating,
-                    "MutatingWebhookConfiguration",
-                )
-                .await;
+                let wrote_mutating =
+                    reconcile(&mutating, &desired_mutating, "MutatingWebhookConfiguration").await;
                 let outcome = match &wrote_mutating {
                     Ok(true) => Some("applied"),
                     Ok(false) => None,
@@ -1094,14 +1096,22 @@ mod tests {
         lines
     }
 
+    fn shared(rules: &[RuleNeeds]) -> Vec<Arc<RuleNeeds>> {
+        rules.iter().cloned().map(Arc::new).collect()
+    }
+
     fn mutating(rules: &[RuleNeeds]) -> MutatingWebhookConfiguration {
         desired_mutating(
             &config(),
             Duration::from_millis(200),
             Some(b"CA"),
-            rules,
+            &shared(rules),
             &served(),
         )
+    }
+
+    fn labeled(rules: &[RuleNeeds]) -> BTreeSet<String> {
+        fail_rule_namespaces(&config(), &shared(rules))
     }
 
     #[test]
@@ -1246,7 +1256,7 @@ mod tests {
                 .all(|w| w.match_conditions.is_none())
         );
         assert_eq!(
-            fail_rule_namespaces(&config(), &[strict.clone(), soft.clone()]),
+            labeled(&[strict.clone(), soft.clone()]),
             BTreeSet::from(["strict".to_string()])
         );
         // A Fail rule that may apply anywhere takes the whole resource, everywhere.
@@ -1274,23 +1284,22 @@ mod tests {
         };
         let bytes = |rules: &[RuleNeeds]| serde_json::to_vec(&mutating(rules)).unwrap().len();
         assert_eq!(bytes(&tenants(10)), bytes(&tenants(10_000)));
-        assert_eq!(
-            fail_rule_namespaces(&config(), &tenants(10_000)).len(),
-            10_000
-        );
+        assert_eq!(labeled(&tenants(10_000)).len(), 10_000);
     }
 
     #[test]
     fn own_and_excluded_namespaces_are_never_labeled() {
         let rules = [
             limited(&["Pod"], FailurePolicy::Fail, &["initium-system"], true),
-            limited(&["Pod"], FailurePolicy::Fail, &["kube-system", "team-a"], false),
+            limited(
+                &["Pod"],
+                FailurePolicy::Fail,
+                &["kube-system", "team-a"],
+                false,
+            ),
             limited(&["Pod"], FailurePolicy::Ignore, &["team-b"], true),
         ];
-        assert_eq!(
-            fail_rule_namespaces(&config(), &rules),
-            BTreeSet::from(["team-a".to_string()])
-        );
+        assert_eq!(labeled(&rules), BTreeSet::from(["team-a".to_string()]));
     }
 
     /// What the API server does with a request, from the configuration alone: the webhooks
@@ -1337,7 +1346,10 @@ mod tests {
                     r.api_groups.iter().flatten().any(|g| g == group)
                         && r.api_versions.iter().flatten().any(|v| v == version)
                         && r.resources.iter().flatten().any(|x| x == resource)
-                        && r.operations.iter().flatten().any(|o| o == operation.as_str())
+                        && r.operations
+                            .iter()
+                            .flatten()
+                            .any(|o| o == operation.as_str())
                 })
             })
             .map(|w| (w.name.clone(), w.failure_policy.clone().unwrap_or_default()))
@@ -1378,7 +1390,7 @@ mod tests {
                 .map(|i| all[i].clone())
                 .collect();
             let configuration = mutating(&rules);
-            let labeled_namespaces = fail_rule_namespaces(&config(), &rules);
+            let labeled_namespaces = labeled(&rules);
             for (group, version, resource) in requests {
                 let cluster_scoped = resource == "namespaces" || resource == "widgets";
                 let namespaces: &[&str] = if resource == "widgets" {
@@ -1391,13 +1403,21 @@ mod tests {
                         // The namespace a rule limited to namespaces looks at: the request's,
                         // or a Namespace object's own name.
                         let namespace = (!cluster_scoped).then_some(*ns);
-                        let key = if resource == "namespaces" { Some(*ns) } else { namespace };
+                        let key = if resource == "namespaces" {
+                            Some(*ns)
+                        } else {
+                            namespace
+                        };
                         let labeled = key.is_some_and(|n| labeled_namespaces.contains(n));
                         for actually_labeled in [labeled, false] {
                             let routed = route(
                                 &configuration,
                                 (group, version, resource, operation),
-                                if resource == "namespaces" { Some(ns) } else { namespace },
+                                if resource == "namespaces" {
+                                    Some(ns)
+                                } else {
+                                    namespace
+                                },
                                 actually_labeled,
                             );
                             let served = served();
@@ -1463,7 +1483,11 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         let (add, remove) = label_changes(LABEL, &wanted, &namespaces, &BTreeMap::new());
-        assert_eq!(add, ["edited", "new"], "a namespace that does not exist is not labeled");
+        assert_eq!(
+            add,
+            ["edited", "new"],
+            "a namespace that does not exist is not labeled"
+        );
         assert_eq!(remove, ["stale"]);
         // A write the watch has not shown yet is not repeated.
         let pending = BTreeMap::from([("new".to_string(), true)]);
@@ -1488,7 +1512,7 @@ mod tests {
             &config,
             Duration::from_millis(200),
             None,
-            &[needs(&["Pod"], &[Operation::Create], FailurePolicy::Ignore)],
+            &shared(&[needs(&["Pod"], &[Operation::Create], FailurePolicy::Ignore)]),
             &served(),
         );
         let selector = configuration.webhooks.unwrap()[0]

@@ -33,7 +33,9 @@ pub struct ServeArgs {
     /// the budget (at least 1 s, at most 30 s).
     #[arg(long, default_value = "200ms", value_parser = budget)]
     pub budget: Duration,
-    /// Name of the MutatingWebhookConfiguration and ValidatingWebhookConfiguration.
+    /// Name of the MutatingWebhookConfiguration and ValidatingWebhookConfiguration (at most
+    /// 63 characters: it also names the label `fail-rules.initium.dev/<name>` on the
+    /// namespaces with Fail rules).
     #[arg(long, default_value = "initium")]
     pub webhook_name: String,
     /// Name of the Lease that elects the replica that writes (status, configurations).

@@ -17,6 +17,8 @@
 //! - [`workloads`]: a whole cluster (`up --nodes 3`: controller manager, scheduler, kwok
 //!   nodes) for a test binary, and waits for Deployments, Jobs, Pods and endpoints;
 //! - [`serving`]: `initium serve` beside the whole cluster, and rules applied until Ready;
+//! - [`direct`]: initium's webhook called straight (HTTPS, `Server-Timing`), a process's CPU
+//!   time and resident set;
 //! - [`https`]: a self-signed certificate for `localhost`, and a TLS client trusting it;
 //! - [`serial`]: the one guard that runs a binary's tests one at a time;
 //! - [`fixtures`]: the Pod and rules the benchmarks measure;
@@ -28,6 +30,7 @@
 
 pub mod cluster;
 pub mod commands;
+pub mod direct;
 pub mod fixtures;
 pub mod https;
 pub mod measure;

@@ -49,9 +49,10 @@ struct Bucket {
     /// ClusterMutationRules for any namespace (or with namespace globs).
     cluster_any: Part,
     /// ClusterMutationRules listing literal namespaces.
-    cluster_by_namespace: HashMap<String, Part>,
-    /// MutationRules, by their own namespace.
-    namespaced: HashMap<String, Part>,
+    cluster_by_namespace: HashMap<Arc<str>, Part>,
+    /// MutationRules, by their own namespace (the key shares the rule id's `Arc<str>`: an
+    /// index of ten thousand tenants' rules, rebuilt on every rule change, copies no name).
+    namespaced: HashMap<Arc<str>, Part>,
 }
 
 impl Bucket {
@@ -59,13 +60,17 @@ impl Bucket {
         match (&rule.id.namespace, rule.literal_namespaces()) {
             (Some(ns), _) => self
                 .namespaced
-                .entry(ns.to_string())
+                .entry(ns.clone())
                 .or_default()
                 .positions
                 .push(position),
             (None, Some(namespaces)) => {
                 for ns in namespaces {
-                    let list = &mut self.cluster_by_namespace.entry(ns).or_default().positions;
+                    let list = &mut self
+                        .cluster_by_namespace
+                        .entry(Arc::from(ns))
+                        .or_default()
+                        .positions;
                     if list.last() != Some(&position) {
                         list.push(position);
                     }
