@@ -67,9 +67,9 @@ fn dry_run() -> PostParams {
     }
 }
 
-/// Rules (MutationRules, all namespaces) whose status says their current generation is
-/// Ready.
-async fn ready_count(client: &kube::Client) -> usize {
+/// MutationRules in namespaces whose names start with `prefix` whose status says their
+/// current generation is Ready.
+async fn ready_count_in(client: &kube::Client, prefix: &str) -> usize {
     let api: Api<kube::api::DynamicObject> = Api::all_with(
         client.clone(),
         &kube::api::ApiResource {
@@ -85,6 +85,12 @@ async fn ready_count(client: &kube::Client) -> usize {
         .map(|list| {
             list.items
                 .iter()
+                .filter(|r| {
+                    r.metadata
+                        .namespace
+                        .as_deref()
+                        .is_some_and(|ns| ns.starts_with(prefix))
+                })
                 .filter(|r| ready_for(&r.data["status"], r.metadata.generation).is_ok())
                 .count()
         })
@@ -110,6 +116,82 @@ async fn fail_rules_of_thousands_of_tenants_fail_closed_only_in_their_namespaces
         .ensure_namespace(&bystander, &[])
         .unwrap_or_else(|e| panic!("{e:#}"));
 
+    // A burst of rules that each change the configuration: at most one write a second.
+    let burst = unique("burst");
+    let kinds = [
+        "ConfigMap",
+        "Service",
+        "ServiceAccount",
+        "PersistentVolumeClaim",
+        "apps/v1/Deployment",
+        "apps/v1/StatefulSet",
+        "apps/v1/DaemonSet",
+        "batch/v1/Job",
+        "batch/v1/CronJob",
+        "policy/v1/PodDisruptionBudget",
+    ];
+    let operations: [&[&str]; 3] = [&["CREATE"], &["UPDATE"], &["CREATE", "UPDATE"]];
+    let burst_rules: Vec<Value> = kinds
+        .iter()
+        .enumerate()
+        .flat_map(|(k, kind)| {
+            let burst = burst.clone();
+            operations.iter().enumerate().map(move |(o, ops)| {
+                json!({
+                    "apiVersion": "initium.dev/v1alpha1",
+                    "kind": "MutationRule",
+                    "metadata": {"name": format!("r{k}-{o}"), "namespace": burst},
+                    "spec": {
+                        "match": {"kinds": [kind], "operations": ops},
+                        "mutations": [{"merge": {"metadata": {"labels": {"example.com/burst": "yes"}}}}],
+                    },
+                })
+            })
+        })
+        .collect();
+    let applied = |metrics: &str| {
+        metric_sum(
+            metrics,
+            "initium_webhook_configuration_writes_total{result=\"applied\"",
+        )
+    };
+    let (_, metrics) = serving.initium.get("/metrics").expect("/metrics");
+    let writes_before = applied(&metrics);
+    let started = Instant::now();
+    create_rules(&client, &burst_rules, 8)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    eventually(
+        "the burst's rules to be Ready",
+        Duration::from_secs(120),
+        || async {
+            let ready = ready_count_in(&client, &burst).await;
+            if ready >= burst_rules.len() {
+                Ok(())
+            } else {
+                Err(format!("{ready} of {} Ready", burst_rules.len()))
+            }
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    let (_, metrics) = serving.initium.get("/metrics").expect("/metrics");
+    let burst_writes = applied(&metrics) - writes_before;
+    eprintln!(
+        "{} rules that each change the configuration: {burst_writes} writes in {took:?}",
+        burst_rules.len()
+    );
+    assert!(
+        burst_writes >= 1.0 && burst_writes <= took.as_secs_f64().ceil() + 1.0,
+        "{burst_writes} configuration writes in {took:?}: at most one a second"
+    );
+    let _ = plane
+        .kubectl()
+        .args(["delete", "namespace", &burst, "--wait=false"])
+        .output();
+
+    let (_, metrics) = serving.initium.get("/metrics").expect("/metrics");
+    let writes_before = applied(&metrics);
     let started = Instant::now();
     create_rules(&client, &rules, 32)
         .await
@@ -119,7 +201,7 @@ async fn fail_rules_of_thousands_of_tenants_fail_closed_only_in_their_namespaces
         &format!("all {n} tenants' Fail rules to be Ready"),
         Duration::from_secs(600),
         || async {
-            let ready = ready_count(&client).await;
+            let ready = ready_count_in(&client, &run).await;
             if ready >= n {
                 Ok(())
             } else {
@@ -182,10 +264,7 @@ async fn fail_rules_of_thousands_of_tenants_fail_closed_only_in_their_namespaces
         "initium_namespace_label_writes_total{result=\"added\"",
     );
     assert_eq!(label_writes as usize, n, "{metrics}");
-    let writes = metric_sum(
-        &metrics,
-        "initium_webhook_configuration_writes_total{result=\"applied\"",
-    );
+    let writes = applied(&metrics) - writes_before;
     assert!(
         writes <= all_ready.as_secs_f64() + 2.0,
         "{writes} configuration writes in {all_ready:?}: at most one a second"
