@@ -35,11 +35,11 @@ use hyper::body::Bytes;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::PostParams;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams};
 use serde_json::{Value, json};
 use tokio_rustls::rustls;
 
-use support::cluster::ready_for;
+use support::cluster::{ready_for, rule_resource};
 use support::direct::{RssSampler, connect, cpu_seconds, send, tls_config};
 use support::measure::{Percentiles, machine, mib, round};
 use support::plane::{Plane, root, run as run_command};
@@ -98,16 +98,6 @@ fn rule(namespace: &str, value: &str) -> Value {
     })
 }
 
-fn rules_resource() -> ApiResource {
-    ApiResource {
-        group: "initium.dev".into(),
-        version: "v1alpha1".into(),
-        api_version: "initium.dev/v1alpha1".into(),
-        kind: "MutationRule".into(),
-        plural: "mutationrules".into(),
-    }
-}
-
 /// `kubectl apply --server-side` of `rules` in one call; its duration.
 fn bulk_apply(plane: &Plane, rules: &[Value]) -> Result<Duration> {
     if rules.is_empty() {
@@ -139,7 +129,7 @@ fn bulk_apply(plane: &Plane, rules: &[Value]) -> Result<Duration> {
 /// MutationRules whose status says their generation is Ready (listed from the API server's
 /// cache: a poll must not weigh on what it measures).
 async fn ready_count(client: &kube::Client) -> Result<usize> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &rules_resource());
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &rule_resource("MutationRule")?);
     let list = api.list(&ListParams::default().match_any()).await?;
     Ok(list
         .items
@@ -348,19 +338,23 @@ fn run(args: &Args) -> Result<()> {
 
     // 3. Pod latency at N.
     let pods = rt.block_on(pod_latency(&client, &tenant(0), args.pods))?;
-    let quiet_cpu_start = cpu_seconds(initium.pid())?;
-    let quiet = rt.block_on(admission(
-        initium.webhook,
-        tls.clone(),
-        &body,
-        args.review_rate,
-        args.churn_seconds,
-    ))?;
-    let quiet_cpu = cpu_seconds(initium.pid())? - quiet_cpu_start;
+    // One window of reviews: their server times, and initium's CPU seconds meanwhile.
+    let window = || -> Result<(Percentiles, f64)> {
+        let cpu_start = cpu_seconds(initium.pid())?;
+        let times = rt.block_on(admission(
+            initium.webhook,
+            tls.clone(),
+            &body,
+            args.review_rate,
+            args.churn_seconds,
+        ))?;
+        Ok((times, cpu_seconds(initium.pid())? - cpu_start))
+    };
+    let (quiet, quiet_cpu) = window()?;
 
     // 4. Churn: tenant 1's rule patched churn_rate times a second, reviews meanwhile.
     let rules_api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &tenant(1), &rules_resource());
+        Api::namespaced_with(client.clone(), &tenant(1), &rule_resource("MutationRule")?);
     let updates = Arc::new(AtomicU64::new(0));
     let failed_updates = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -389,15 +383,7 @@ fn run(args: &Args) -> Result<()> {
     let writes_before_churn =
         initium.metric("initium_webhook_configuration_writes_total{result=\"applied\"")?;
     let sampler = RssSampler::start(initium.pid());
-    let churn_cpu_start = cpu_seconds(initium.pid())?;
-    let churning = rt.block_on(admission(
-        initium.webhook,
-        tls.clone(),
-        &body,
-        args.review_rate,
-        args.churn_seconds,
-    ))?;
-    let churn_cpu = cpu_seconds(initium.pid())? - churn_cpu_start;
+    let (churning, churn_cpu) = window()?;
     stop.store(true, Ordering::Relaxed);
     rt.block_on(churn)?;
     let rss_churn = sampler.stop();

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use support::cluster::{create_rules, ready_for};
+use support::cluster::{create_rules, ready_for, rule_resource};
 use support::plane::Plane;
 use support::process::metric_sum;
 use support::serving::Serving;
@@ -67,19 +67,14 @@ fn dry_run() -> PostParams {
     }
 }
 
+fn mutation_rules() -> kube::api::ApiResource {
+    rule_resource("MutationRule").unwrap_or_else(|e| panic!("{e:#}"))
+}
+
 /// MutationRules in namespaces whose names start with `prefix` whose status says their
 /// current generation is Ready.
 async fn ready_count_in(client: &kube::Client, prefix: &str) -> usize {
-    let api: Api<kube::api::DynamicObject> = Api::all_with(
-        client.clone(),
-        &kube::api::ApiResource {
-            group: "initium.dev".into(),
-            version: "v1alpha1".into(),
-            api_version: "initium.dev/v1alpha1".into(),
-            kind: "MutationRule".into(),
-            plural: "mutationrules".into(),
-        },
-    );
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &mutation_rules());
     api.list(&ListParams::default())
         .await
         .map(|list| {
@@ -405,17 +400,8 @@ async fn a_configuration_the_api_server_refuses_leaves_its_rules_not_ready_with_
             },
         })
     };
-    let rules: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &team,
-        &kube::api::ApiResource {
-            group: "initium.dev".into(),
-            version: "v1alpha1".into(),
-            api_version: "initium.dev/v1alpha1".into(),
-            kind: "MutationRule".into(),
-            plural: "mutationrules".into(),
-        },
-    );
+    let rules: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), &team, &mutation_rules());
     let ready_condition = |name: &'static str| {
         let rules = rules.clone();
         async move {
@@ -429,18 +415,17 @@ async fn a_configuration_the_api_server_refuses_leaves_its_rules_not_ready_with_
                 .ok_or_else(|| format!("no Ready condition: {}", rule.data["status"]))
         }
     };
+    let until_ready = async |name: &'static str, timeout: Duration| {
+        eventually(&format!("the rule {name} to be Ready"), timeout, || async {
+            let c = ready_condition(name).await?;
+            (c["status"] == "True").then_some(()).ok_or(c.to_string())
+        })
+        .await
+    };
     create_rules(&client, &[rule("pods", "Pod")], 1)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
-    eventually(
-        "the Pod rule to be Ready",
-        Duration::from_secs(60),
-        || async {
-            let c = ready_condition("pods").await?;
-            (c["status"] == "True").then_some(()).ok_or(c.to_string())
-        },
-    )
-    .await;
+    until_ready("pods", Duration::from_secs(60)).await;
 
     // The cluster's policy: no webhooks on ConfigMaps for this configuration.
     let policy = serving.name.clone();
@@ -546,15 +531,7 @@ async fn a_configuration_the_api_server_refuses_leaves_its_rules_not_ready_with_
             .output()
             .expect("kubectl delete");
     }
-    eventually(
-        "the ConfigMap rule to be Ready",
-        Duration::from_secs(90),
-        || async {
-            let c = ready_condition("configmaps").await?;
-            (c["status"] == "True").then_some(()).ok_or(c.to_string())
-        },
-    )
-    .await;
+    until_ready("configmaps", Duration::from_secs(90)).await;
     let (_, metrics) = serving.initium.get("/metrics").expect("/metrics");
     assert_eq!(
         metric_sum(&metrics, "initium_webhook_configuration_refused"),

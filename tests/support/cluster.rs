@@ -185,7 +185,7 @@ fn run_kubectl(command: &mut Command) -> Result<String, String> {
 }
 
 /// The API resource of a rule document's `kind`.
-fn rule_resource(kind: &str) -> Result<ApiResource> {
+pub fn rule_resource(kind: &str) -> Result<ApiResource> {
     let (plural, kind) = match kind {
         "MutationRule" => ("mutationrules", "MutationRule"),
         "ClusterMutationRule" => ("clustermutationrules", "ClusterMutationRule"),
