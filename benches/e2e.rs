@@ -11,7 +11,7 @@
 //! | config | namespace | what mutates its Pods |
 //! |---|---|---|
 //! | none | bench-none | nothing (initium's webhook excludes the namespace) |
-//! | map | bench-map | a MutatingAdmissionPolicy (v1beta1, ApplyConfiguration) bound by namespace label |
+//! | map | bench-map | a MutatingAdmissionPolicy (ApplyConfiguration) bound by namespace label: `admissionregistration.k8s.io/v1` where the API server serves it (1.36 on), v1beta1 behind its feature gate before (1.34, 1.35; scripts/control-plane turns it on); the report says which |
 //! | initium | bench-initium | an initium MutationRule |
 //! | initium-1000 | bench-initium-1000 | the same MutationRule, and 1,000 MutationRules for Pods in that namespace that do not match (labels, names, JSONPath conditions) |
 //! | kyverno | bench-kyverno | a Kyverno ClusterPolicy (`--kyverno`; see scripts/bench.d/kyverno) |
@@ -155,9 +155,10 @@ const KYVERNO: Config = Config {
     mutates: true,
 };
 
-/// The MutatingAdmissionPolicy doing what the initium rule does, bound to `bench-map` by label.
+/// The MutatingAdmissionPolicy doing what the initium rule does, bound to `bench-map` by label;
+/// `API_VERSION` becomes the version of `admissionregistration.k8s.io` the server serves it in.
 const MAP_POLICY: &str = r#"
-apiVersion: admissionregistration.k8s.io/v1beta1
+apiVersion: admissionregistration.k8s.io/API_VERSION
 kind: MutatingAdmissionPolicy
 metadata:
   name: bench-test-ca
@@ -187,7 +188,7 @@ spec:
           }
         }
 ---
-apiVersion: admissionregistration.k8s.io/v1beta1
+apiVersion: admissionregistration.k8s.io/API_VERSION
 kind: MutatingAdmissionPolicyBinding
 metadata:
   name: bench-test-ca
@@ -343,7 +344,10 @@ fn run(args: &Args) -> Result<()> {
         };
         plane.ensure_namespace(config.namespace, labels)?;
     }
-    plane.apply(MAP_POLICY)?;
+    let served = Served::of(&plane)?;
+    eprintln!("bench: {}", served.line());
+    plane.apply(&MAP_POLICY.replace("API_VERSION", served.map_api))?;
+    let _ = SERVED.set(served);
 
     let mut rules = vec![
         test_ca_rule(INITIUM.namespace),
@@ -827,6 +831,65 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
+/// The API server measured: its release, and the version of `admissionregistration.k8s.io`
+/// that serves MutatingAdmissionPolicy there.
+struct Served {
+    version: String,
+    map_api: &'static str,
+}
+
+static SERVED: std::sync::OnceLock<Served> = std::sync::OnceLock::new();
+
+impl Served {
+    /// Asks the API server (discovery), rather than guessing from its version.
+    fn of(plane: &Plane) -> Result<Served> {
+        let raw = |path: &str| -> Option<Value> {
+            let output = plane.kubectl().args(["get", "--raw", path]).output().ok()?;
+            if !output.status.success() {
+                return None;
+            }
+            serde_json::from_slice(&output.stdout).ok()
+        };
+        let version = raw("/version")
+            .and_then(|v| v["gitVersion"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "of an unknown version".to_owned());
+        let serves = |api: &str| {
+            raw(&format!("/apis/admissionregistration.k8s.io/{api}")).is_some_and(|list| {
+                list["resources"].as_array().is_some_and(|resources| {
+                    resources
+                        .iter()
+                        .any(|r| r["name"] == "mutatingadmissionpolicies")
+                })
+            })
+        };
+        let map_api = if serves("v1") {
+            "v1"
+        } else if serves("v1beta1") {
+            "v1beta1"
+        } else {
+            anyhow::bail!(
+                "the API server (Kubernetes {version}) serves MutatingAdmissionPolicy in neither admissionregistration.k8s.io/v1 nor v1beta1; before 1.36 it needs --feature-gates=MutatingAdmissionPolicy=true and --runtime-config=admissionregistration.k8s.io/v1beta1=true (scripts/control-plane up sets both)"
+            );
+        };
+        Ok(Served { version, map_api })
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "Kubernetes {}; MutatingAdmissionPolicy through admissionregistration.k8s.io/{}",
+            self.version, self.map_api
+        )
+    }
+}
+
+/// What the reports say about the API server measured.
+fn served_line() -> String {
+    SERVED.get().map_or_else(
+        || "Kubernetes of an unknown version".to_owned(),
+        Served::line,
+    )
+}
+
 fn report(
     args: &Args,
     configs: &[Config],
@@ -834,6 +897,7 @@ fn report(
     memory: Memory,
 ) -> Result<()> {
     println!("e2e benchmark: {}", machine());
+    println!("  {}", served_line());
     println!(
         "  Pod CREATE through kube-apiserver: {} Pods per configuration in rounds of {}, {} in flight, {} run(s)",
         args.pods, args.batch, args.concurrency, args.runs

@@ -160,13 +160,28 @@ fn up_serves_kubernetes_and_down_stops_everything() {
             .arg(&kubeconfig)
             .arg("version"),
     ));
+    // The release asked for ($INITIUM_KUBERNETES_VERSION, as scripts/matrix sets it), or the
+    // newest `versions` lists; `up` records it, and both binaries are of it.
+    let versions = stdout(&check(script().arg("versions")));
+    let wanted = match std::env::var("INITIUM_KUBERNETES_VERSION") {
+        Ok(minor) if !minor.trim().is_empty() => versions
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(minor.trim().trim_start_matches('v')))
+            .map(str::to_owned),
+        _ => versions.lines().last().map(str::to_owned),
+    };
+    let release = wanted
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        .expect("versions lists the release asked for");
+    let recorded = std::fs::read_to_string(dir.join("kubernetes-version")).unwrap_or_default();
+    assert_eq!(recorded.trim(), release);
     assert!(
-        version.contains("Client Version: v1.34."),
-        "unexpected kubectl version:\n{version}"
+        version.contains(&format!("Client Version: {release}\n")),
+        "unexpected kubectl version (wanted {release}):\n{version}"
     );
     assert!(
-        version.contains("Server Version: v1.34."),
-        "unexpected server version:\n{version}"
+        version.contains(&format!("Server Version: {release}\n")),
+        "unexpected server version (wanted {release}):\n{version}"
     );
     let resources = stdout(&check(
         Command::new(&kubectl)

@@ -266,6 +266,7 @@ pub fn report(
         .collect::<Result<_>>()?;
     let get = |name: &str| summaries.get(name).context("missing configuration");
     println!("e2e rollout benchmark: {}", machine());
+    println!("  {}", super::served_line());
     println!(
         "  Deployment of {} replicas, created to rolled out, on {NODES} simulated nodes: {} rounds, configurations alternating",
         args.replicas, args.rounds

@@ -12,19 +12,56 @@ use anyhow::{Context, Result, bail};
 use crate::log::log;
 use crate::process::on_path;
 use crate::settings::{
-    CNI_PLUGINS_VERSION, CONTAINERD_VERSION, ETCD_VERSION, HELM_VERSION, K8S_VERSION, KWOK_VERSION,
-    RUNC_VERSION, Settings,
+    CNI_PLUGINS_VERSION, CONTAINERD_VERSION, ETCD_VERSION, HELM_VERSION, KWOK_VERSION,
+    RUNC_VERSION, Release, Settings, TOOLS, kubelet_release,
 };
 
 fn executable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// What a stamp file beside the binaries says (kwok's and helm's versions).
+/// What a stamp file in the tools directory says (the version of a tool there). A release's
+/// directory is named after the release, so its commands need none.
 fn stamp(settings: &Settings, name: &str) -> String {
-    std::fs::read_to_string(settings.bin(&format!(".{name}.version")))
+    std::fs::read_to_string(settings.tools_dir.join(format!(".{name}.version")))
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
+}
+
+/// What a tool's stamp says when it is current: its version and a digest (FNV-1a) of the
+/// go.mod and go.sum of the wrapper modules it is built from, so that a raised dependency
+/// rebuilds it too.
+fn tool_stamp(settings: &Settings, version: &str, wrappers: &[&str]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for wrapper in wrappers {
+        for file in ["go.mod", "go.sum"] {
+            let bytes =
+                std::fs::read(settings.wrappers.join(wrapper).join(file)).unwrap_or_default();
+            for byte in bytes {
+                hash ^= u64::from(byte);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+    }
+    format!("{version} {hash:016x}")
+}
+
+fn etcd_stamp(settings: &Settings) -> String {
+    tool_stamp(settings, ETCD_VERSION, &["etcd"])
+}
+
+fn kwok_stamp(settings: &Settings) -> String {
+    tool_stamp(settings, KWOK_VERSION, &["kwok"])
+}
+
+fn helm_stamp(settings: &Settings) -> String {
+    tool_stamp(settings, HELM_VERSION, &["helm"])
+}
+
+fn write_stamp(settings: &Settings, name: &str, value: &str) -> Result<()> {
+    let path = settings.tools_dir.join(format!(".{name}.version"));
+    std::fs::write(&path, format!("{value}\n"))
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// etcd, kube-apiserver and kubectl: what every plane needs.
@@ -32,20 +69,28 @@ pub(crate) fn have_binaries(settings: &Settings) -> bool {
     ["kube-apiserver", "kubectl", "etcd"]
         .iter()
         .all(|name| executable(&settings.bin(name)))
+        && stamp(settings, "etcd") == etcd_stamp(settings)
 }
 
-/// The binaries only a plane with nodes needs. The cache directory is named after the
-/// Kubernetes and etcd versions; kwok's version is in a stamp file beside it.
+/// The binaries only a plane with nodes needs; kwok's version is in a stamp file.
 pub(crate) fn have_node_binaries(settings: &Settings) -> bool {
     ["kube-controller-manager", "kube-scheduler", "kwok"]
         .iter()
         .all(|name| executable(&settings.bin(name)))
-        && stamp(settings, "kwok") == KWOK_VERSION
+        && stamp(settings, "kwok") == kwok_stamp(settings)
 }
 
 /// What `stamp(settings, "real-node")` says when the real node's binaries are current.
-fn real_node_stamp() -> String {
-    format!("containerd {CONTAINERD_VERSION} runc {RUNC_VERSION} cni-plugins {CNI_PLUGINS_VERSION}")
+fn real_node_stamp(settings: &Settings) -> String {
+    let version = format!(
+        "kubelet {} containerd {CONTAINERD_VERSION} runc {RUNC_VERSION} cni-plugins {CNI_PLUGINS_VERSION}",
+        kubelet_release().version
+    );
+    tool_stamp(
+        settings,
+        &version,
+        &["node", "runc", &kubelet_release().wrapper()],
+    )
 }
 
 /// The commands of the real node (`up --real-node`): the kubelet, containerd with its shim
@@ -68,18 +113,29 @@ pub(crate) fn have_real_node_binaries(settings: &Settings) -> bool {
         .iter()
         .all(|name| executable(&settings.bin(name)))
         && settings.bin("pause.tar").is_file()
-        && stamp(settings, "real-node") == real_node_stamp()
+        && stamp(settings, "real-node") == real_node_stamp(settings)
 }
 
 /// helm, for the chart's tests; like kwok, its version is in a stamp file.
 fn have_helm(settings: &Settings) -> bool {
-    executable(&settings.bin("helm")) && stamp(settings, "helm") == HELM_VERSION
+    executable(&settings.bin("helm")) && stamp(settings, "helm") == helm_stamp(settings)
 }
 
 /// The go.mod files require the versions pinned here.
 fn check_pins(settings: &Settings) -> Result<()> {
+    let release = settings.release.wrapper();
+    let kubelet = kubelet_release().wrapper();
     for (wrapper, module, version) in [
-        ("kubernetes", "k8s.io/kubernetes", K8S_VERSION),
+        (
+            release.as_str(),
+            "k8s.io/kubernetes",
+            settings.release.version,
+        ),
+        (
+            kubelet.as_str(),
+            "k8s.io/kubernetes",
+            kubelet_release().version,
+        ),
         ("etcd", "go.etcd.io/etcd/server/v3", ETCD_VERSION),
         ("kwok", "sigs.k8s.io/kwok", KWOK_VERSION),
         ("helm", "helm.sh/helm/v3", HELM_VERSION),
@@ -131,17 +187,14 @@ fn go_output(settings: &Settings, wrapper: &str, args: &[&str]) -> Option<String
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
-/// The version variables that kubernetes' hack/lib/version.sh sets.
-fn k8s_ldflags(settings: &Settings) -> String {
-    let minor = K8S_VERSION
-        .trim_start_matches("v1.")
-        .split('.')
-        .next()
-        .unwrap_or_default();
+/// The version variables that kubernetes' hack/lib/version.sh sets, for RELEASE.
+fn k8s_ldflags(settings: &Settings, release: &Release) -> String {
+    let minor = release.minor;
+    let version = release.version;
     // The release date of the module keeps the build reproducible.
     let date = go_output(
         settings,
-        "kubernetes",
+        &release.wrapper(),
         &[
             "list",
             "-mod=readonly",
@@ -158,7 +211,7 @@ fn k8s_ldflags(settings: &Settings) -> String {
         "k8s.io/client-go/pkg/version",
     ] {
         flags += &format!(
-            " -X {pkg}.gitVersion={K8S_VERSION} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={minor}"
+            " -X {pkg}.gitVersion={version} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={minor}"
         );
         flags += &format!(" -X {pkg}.gitCommit= -X {pkg}.gitTreeState=clean");
         if !date.is_empty() {
@@ -279,40 +332,31 @@ fn go_build_with(
     Ok(())
 }
 
-/// The command `build [--nodes] [--helm] [--real-node]`: builds what is missing; with
-/// `nodes` also the binaries of a plane with nodes, with `helm` also helm, with `real_node`
-/// also those of the real node (and the node binaries, which it needs too).
-pub(crate) fn build(settings: &Settings, nodes: bool, helm: bool, real_node: bool) -> Result<()> {
-    let nodes = nodes || real_node;
-    let bin_dir = &settings.bin_dir;
-    let complete = |settings: &Settings| {
-        have_binaries(settings)
-            && (!nodes || have_node_binaries(settings))
-            && (!helm || have_helm(settings))
-            && (!real_node || have_real_node_binaries(settings))
-    };
-    if complete(settings) {
-        log(format_args!(
-            "using cached binaries in {}",
-            bin_dir.display()
-        ));
-        return Ok(());
+/// Links every tool into the release's directory (`../../tools/bin/NAME`), so that the one
+/// directory `bin-dir` prints and `env` puts on PATH has them all. A link to a tool not built
+/// yet dangles until it is.
+fn link_tools(settings: &Settings) -> Result<()> {
+    for name in TOOLS {
+        let link = settings.bin_dir.join(name);
+        if std::fs::symlink_metadata(&link).is_ok() {
+            continue;
+        }
+        let target = Path::new("../../tools/bin").join(name);
+        std::os::unix::fs::symlink(&target, &link)
+            .with_context(|| format!("cannot link {} to {}", link.display(), target.display()))?;
     }
-    if !on_path("go") {
-        bail!("go is not installed (needed once to build the control plane)");
-    }
-    check_pins(settings)?;
-    std::fs::create_dir_all(bin_dir)
-        .with_context(|| format!("cannot create {}", bin_dir.display()))?;
-    // Serialise concurrent builds (e.g. test binaries running in parallel); the lock goes
-    // with the file when this process ends, however it ends.
-    let lock_path = bin_dir.join(".build.lock");
-    let lock =
-        File::create(&lock_path).with_context(|| format!("cannot open {}", lock_path.display()))?;
-    lock.lock()
-        .with_context(|| format!("cannot lock {}", lock_path.display()))?;
-    // Leftovers of an interrupted build.
-    if let Ok(entries) = std::fs::read_dir(bin_dir) {
+    Ok(())
+}
+
+fn tools_linked(settings: &Settings) -> bool {
+    TOOLS
+        .iter()
+        .all(|name| std::fs::symlink_metadata(settings.bin_dir.join(name)).is_ok())
+}
+
+/// Removes what an interrupted build left in DIR.
+fn remove_leftovers(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
@@ -321,42 +365,90 @@ pub(crate) fn build(settings: &Settings, nodes: bool, helm: bool, real_node: boo
             }
         }
     }
+}
+
+/// The command `build [--nodes] [--helm] [--real-node]` for the settings' release: builds
+/// what is missing; with `nodes` also the binaries of a plane with nodes, with `helm` also
+/// helm, with `real_node` also those of the real node (and the node binaries, which it needs
+/// too).
+pub(crate) fn build(settings: &Settings, nodes: bool, helm: bool, real_node: bool) -> Result<()> {
+    let nodes = nodes || real_node;
+    let bin_dir = &settings.bin_dir;
+    let version = settings.release.version;
+    let complete = |settings: &Settings| {
+        have_binaries(settings)
+            && (!nodes || have_node_binaries(settings))
+            && (!helm || have_helm(settings))
+            && (!real_node || have_real_node_binaries(settings))
+            && tools_linked(settings)
+    };
+    if complete(settings) {
+        log(format_args!(
+            "using cached binaries of Kubernetes {version} in {}",
+            bin_dir.display()
+        ));
+        return Ok(());
+    }
+    if !on_path("go") {
+        bail!("go is not installed (needed once to build the control plane)");
+    }
+    check_pins(settings)?;
+    for dir in [bin_dir, &settings.tools_dir] {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    // Serialise concurrent builds (e.g. test binaries running in parallel, or two releases
+    // sharing the tools); the lock goes with the file when this process ends, however it ends.
+    let lock_path = settings.cache_dir.join(".build.lock");
+    let lock =
+        File::create(&lock_path).with_context(|| format!("cannot open {}", lock_path.display()))?;
+    lock.lock()
+        .with_context(|| format!("cannot lock {}", lock_path.display()))?;
+    remove_leftovers(bin_dir);
+    remove_leftovers(&settings.tools_dir);
+    link_tools(settings)?;
     let start = Instant::now();
     if !have_binaries(settings) {
         log(format_args!(
-            "building kubernetes {K8S_VERSION} and etcd {ETCD_VERSION} into {}",
+            "building Kubernetes {version} (kube-apiserver, kubectl) into {}",
             bin_dir.display()
         ));
         log("(the first build compiles a lot of Go: about 5-7 minutes on 2 cores)");
     }
-    if !executable(&settings.bin("etcd")) {
+    if !executable(&settings.bin("etcd")) || stamp(settings, "etcd") != etcd_stamp(settings) {
+        log(format_args!(
+            "building etcd {ETCD_VERSION} into {}",
+            settings.tools_dir.display()
+        ));
+        let _ = std::fs::remove_file(settings.tools_dir.join(".etcd.version"));
         go_build(settings, "etcd", "etcd", "go.etcd.io/etcd/server/v3", "")?;
+        write_stamp(settings, "etcd", &etcd_stamp(settings))?;
     }
-    let ldflags = k8s_ldflags(settings);
-    build_kubernetes(settings, &["kubectl", "kube-apiserver"], &ldflags)?;
+    let ldflags = k8s_ldflags(settings, settings.release);
+    let wrapper = settings.release.wrapper();
+    build_kubernetes(settings, &wrapper, &["kubectl", "kube-apiserver"], &ldflags)?;
     if nodes && !have_node_binaries(settings) {
         log(format_args!(
-            "building kube-controller-manager, kube-scheduler {K8S_VERSION} and kwok {KWOK_VERSION} into {}",
-            bin_dir.display()
+            "building kube-controller-manager, kube-scheduler {version} and kwok {KWOK_VERSION}"
         ));
         log("(once: a few minutes on 2 cores after kube-apiserver; about 9 on a busy machine)");
         build_kubernetes(
             settings,
+            &wrapper,
             &["kube-controller-manager", "kube-scheduler"],
             &ldflags,
         )?;
-        if !executable(&settings.bin("kwok")) || stamp(settings, "kwok") != KWOK_VERSION {
-            let _ = std::fs::remove_file(settings.bin(".kwok.version"));
+        if !executable(&settings.bin("kwok")) || stamp(settings, "kwok") != kwok_stamp(settings) {
+            let _ = std::fs::remove_file(settings.tools_dir.join(".kwok.version"));
             go_build(settings, "kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok", "")?;
-            std::fs::write(settings.bin(".kwok.version"), format!("{KWOK_VERSION}\n"))?;
+            write_stamp(settings, "kwok", &kwok_stamp(settings))?;
         }
     }
     if helm && !have_helm(settings) {
         log(format_args!(
             "building helm {HELM_VERSION} into {} (once: 2-3 minutes on 2 cores)",
-            bin_dir.display()
+            settings.tools_dir.display()
         ));
-        let _ = std::fs::remove_file(settings.bin(".helm.version"));
+        let _ = std::fs::remove_file(settings.tools_dir.join(".helm.version"));
         go_build(
             settings,
             "helm",
@@ -364,10 +456,10 @@ pub(crate) fn build(settings: &Settings, nodes: bool, helm: bool, real_node: boo
             "helm.sh/helm/v3/cmd/helm",
             &helm_ldflags(settings),
         )?;
-        std::fs::write(settings.bin(".helm.version"), format!("{HELM_VERSION}\n"))?;
+        write_stamp(settings, "helm", &helm_stamp(settings))?;
     }
     if real_node && !have_real_node_binaries(settings) {
-        build_real_node(settings, &ldflags)?;
+        build_real_node(settings)?;
     }
     drop(lock);
     log(format_args!(
@@ -380,17 +472,26 @@ pub(crate) fn build(settings: &Settings, nodes: bool, helm: bool, real_node: boo
 
 /// The real node's binaries, and the pause image from Kubernetes' own pause.c (in the
 /// k8s.io/kubernetes module the kubelet is built from), linked statically.
-fn build_real_node(settings: &Settings, k8s_ldflags: &str) -> Result<()> {
+fn build_real_node(settings: &Settings) -> Result<()> {
+    let kubelet = kubelet_release();
     log(format_args!(
-        "building the real node: kubelet {K8S_VERSION}, containerd {CONTAINERD_VERSION}, runc {RUNC_VERSION}, CNI plugins {CNI_PLUGINS_VERSION} (once: about 4 minutes on 2 cores)"
+        "building the real node: kubelet {}, containerd {CONTAINERD_VERSION}, runc {RUNC_VERSION}, CNI plugins {CNI_PLUGINS_VERSION} (once: about 4 minutes on 2 cores)",
+        kubelet.version
     ));
     if !on_path("gcc") {
         bail!(
             "gcc is not installed (needed once to build runc and the pause image): apt-get install gcc libc6-dev"
         );
     }
-    let _ = std::fs::remove_file(settings.bin(".real-node.version"));
-    build_kubernetes(settings, &["kubelet"], k8s_ldflags)?;
+    let _ = std::fs::remove_file(settings.tools_dir.join(".real-node.version"));
+    // The stamp changed (a wrapper did): the kubelet is built again too, not kept.
+    let _ = std::fs::remove_file(settings.bin("kubelet"));
+    build_kubernetes(
+        settings,
+        &kubelet.wrapper(),
+        &["kubelet"],
+        &k8s_ldflags(settings, kubelet),
+    )?;
     // kind's tags: no storage drivers this node does not use.
     let tags = "no_aufs no_zfs no_btrfs no_devmapper";
     for name in ["containerd", "containerd-shim-runc-v2", "ctr"] {
@@ -433,24 +534,21 @@ fn build_real_node(settings: &Settings, k8s_ldflags: &str) -> Result<()> {
     )?;
     build_pause(settings)?;
     fetch_busybox(settings)?;
-    std::fs::write(
-        settings.bin(".real-node.version"),
-        format!("{}\n", real_node_stamp()),
-    )?;
-    Ok(())
+    write_stamp(settings, "real-node", &real_node_stamp(settings))
 }
 
 /// bin/pause from k8s.io/kubernetes' build/pause/linux/pause.c, and bin/pause.tar, its OCI
 /// image.
 fn build_pause(settings: &Settings) -> Result<()> {
+    let kubelet = kubelet_release();
     let module = go_output(
         settings,
-        "kubernetes",
+        &kubelet.wrapper(),
         &[
             "mod",
             "download",
             "-json",
-            &format!("k8s.io/kubernetes@{K8S_VERSION}"),
+            &format!("k8s.io/kubernetes@{}", kubelet.version),
         ],
     )
     .context("cannot find the k8s.io/kubernetes module (go mod download)")?;
@@ -466,7 +564,7 @@ fn build_pause(settings: &Settings) -> Result<()> {
     let out = settings.bin("pause");
     let status = Command::new("gcc")
         .args(["-Os", "-Wall", "-static"])
-        .arg(format!("-DVERSION={K8S_VERSION}-initium"))
+        .arg(format!("-DVERSION={}-initium", kubelet.version))
         .arg("-o")
         .arg(&out)
         .arg(&source)
@@ -568,13 +666,19 @@ fn fetch_busybox(settings: &Settings) -> Result<()> {
     Ok(())
 }
 
-/// Builds each of the Kubernetes commands `names` that is not in the cache yet.
-fn build_kubernetes(settings: &Settings, names: &[&str], ldflags: &str) -> Result<()> {
+/// Builds each of the Kubernetes commands `names` that is not in the cache yet, from the
+/// wrapper module WRAPPER (a release's).
+fn build_kubernetes(
+    settings: &Settings,
+    wrapper: &str,
+    names: &[&str],
+    ldflags: &str,
+) -> Result<()> {
     for name in names {
         if !executable(&settings.bin(name)) {
             go_build(
                 settings,
-                "kubernetes",
+                wrapper,
                 name,
                 &format!("k8s.io/kubernetes/cmd/{name}"),
                 ldflags,

@@ -9,6 +9,7 @@ mod forward;
 mod image;
 mod launch;
 mod log;
+mod matrix;
 mod nodes;
 mod oci;
 mod pki;
@@ -32,12 +33,12 @@ local development, built from Go modules; with --nodes N, a whole cluster:
 also kube-controller-manager, kube-scheduler and kwok simulating N nodes.
 See docs/control-plane.md.
 
-  scripts/control-plane build [--nodes] [--helm] [--real-node] [--all]
+  scripts/control-plane build [--version MINOR] [--nodes] [--helm] [--real-node] [--all]
                                               build (or reuse) the binaries; --nodes also those
                                               of a cluster with nodes, --helm also helm (for the
                                               chart's tests), --real-node also the kubelet,
                                               containerd, runc and the CNI plugins, --all all
-  scripts/control-plane up [--dir DIR] [--owner-pid PID] [--nodes N] [--real-node]
+  scripts/control-plane up [--version MINOR] [--dir DIR] [--owner-pid PID] [--nodes N] [--real-node]
                                               --real-node: also one node whose kubelet runs
                                               real containers (root; see docs/control-plane.md)
   scripts/control-plane image [--dir DIR] [--binary PATH] [--out DIR]
@@ -54,7 +55,14 @@ See docs/control-plane.md.
   scripts/control-plane restart [--dir DIR] [--signal TERM|KILL] [--down-for SECONDS] COMPONENT
                                               COMPONENT: etcd, kube-apiserver, and with --nodes
                                               kube-controller-manager, kube-scheduler, kwok
-  scripts/control-plane bin-dir               print the binary directory
+  scripts/control-plane bin-dir [--version MINOR]
+                                              print the binary directory
+  scripts/control-plane versions              print the supported Kubernetes minors, newest
+                                              (the default) last
+
+--version MINOR: the Kubernetes minor, one of 1.34, 1.35, 1.36, 1.37 (each pinned to a
+patch release); without it $INITIUM_KUBERNETES_VERSION, or the newest. Commands on a
+running plane use the release it was started with.
 ";
 
 #[derive(Parser)]
@@ -77,6 +85,15 @@ struct DirArg {
     dir: Option<PathBuf>,
 }
 
+/// `--version MINOR`.
+#[derive(clap::Args)]
+struct VersionArg {
+    /// The Kubernetes minor (1.34 ... 1.37) [default: $INITIUM_KUBERNETES_VERSION, or the
+    /// newest]
+    #[arg(long)]
+    version: Option<String>,
+}
+
 #[derive(clap::Args)]
 struct ComponentArgs {
     #[command(flatten)]
@@ -90,6 +107,8 @@ struct ComponentArgs {
 enum Command {
     /// Build the binaries into the cache, or do nothing if they are there
     Build {
+        #[command(flatten)]
+        version: VersionArg,
         /// Also kube-controller-manager, kube-scheduler and kwok
         #[arg(long)]
         nodes: bool,
@@ -105,6 +124,8 @@ enum Command {
     },
     /// Start a plane on free 127.0.0.1 ports
     Up {
+        #[command(flatten)]
+        version: VersionArg,
         #[command(flatten)]
         dir: DirArg,
         /// Stop the plane once this process has exited
@@ -169,10 +190,34 @@ enum Command {
         down_for: String,
     },
     /// Print the directory holding the binaries, building nothing
-    BinDir,
+    BinDir {
+        #[command(flatten)]
+        version: VersionArg,
+    },
+    /// Print the supported Kubernetes minors, oldest first
+    Versions,
     /// Print the usage (as `--help` does)
     #[command(hide = true)]
     Help,
+    /// `scripts/matrix`: the real-API-server tests on every supported release
+    #[command(hide = true, before_help = matrix::USAGE)]
+    Matrix {
+        /// Minors, comma-separated [default: all supported]
+        #[arg(long)]
+        versions: Option<String>,
+        /// Test binaries by name, comma-separated [default: all that need an API server]
+        #[arg(long)]
+        tests: Option<String>,
+        /// The smoke set CI runs on the oldest release
+        #[arg(long)]
+        smoke: bool,
+        /// Also write the table (Markdown) to this file
+        #[arg(long)]
+        table: Option<PathBuf>,
+        /// Print the test binaries and the smoke set
+        #[arg(long)]
+        list: bool,
+    },
     /// Run `down` once the owner recorded in DIR has exited (started by `up`)
     #[command(name = "_watchdog", hide = true)]
     Watchdog {
@@ -206,14 +251,41 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let settings = Settings::from_env()?;
     let Some(command) = cli.command.filter(|c| !matches!(c, Command::Help)) else {
         print!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
     };
+    // The release: `--version` where the command takes it; for a command on a running plane,
+    // the release that plane recorded; else $INITIUM_KUBERNETES_VERSION or the newest.
+    let flag = match &command {
+        Command::Build { version, .. }
+        | Command::Up { version, .. }
+        | Command::BinDir { version } => version.version.as_deref(),
+        _ => None,
+    };
+    let mut settings = Settings::from_env(settings::choose_release(flag)?)?;
+    let plane = match &command {
+        Command::Image { dir, .. }
+        | Command::Env { dir }
+        | Command::Status { dir }
+        | Command::Down { dir } => Some(settings.plane_dir(dir.dir.clone())?),
+        Command::StopComponent { component, .. }
+        | Command::StartComponent { component }
+        | Command::Restart { component, .. } => {
+            Some(settings.plane_dir(component.dir.dir.clone())?)
+        }
+        Command::Node { dir } | Command::Forward { dir } | Command::Watchdog { dir } => {
+            Some(settings::absolute(dir.clone())?)
+        }
+        _ => None,
+    };
+    if let Some(plane) = plane {
+        settings = settings.for_plane(&plane)?;
+    }
     let dir = |arg: DirArg| settings.plane_dir(arg.dir);
     match command {
         Command::Build {
+            version: _,
             nodes,
             helm,
             real_node,
@@ -222,6 +294,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             build::build(&settings, nodes || all, helm || all, real_node || all)?;
         }
         Command::Up {
+            version: _,
             dir: arg,
             owner_pid,
             nodes,
@@ -281,8 +354,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 start.elapsed().as_secs()
             ));
         }
-        Command::BinDir => println!("{}", settings.bin_dir.display()),
+        Command::BinDir { version: _ } => println!("{}", settings.bin_dir.display()),
+        Command::Versions => {
+            for release in &settings::RELEASES {
+                println!("{} {}", release.name(), release.version);
+            }
+        }
         Command::Help => print!("{USAGE}"),
+        Command::Matrix {
+            versions,
+            tests,
+            smoke,
+            table,
+            list,
+        } => {
+            let options = matrix::Options {
+                versions,
+                tests,
+                smoke,
+                table,
+                list,
+            };
+            if !matrix::run(settings, options)? {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         Command::Watchdog { dir } => plane::watchdog(&settings, &settings::absolute(dir)?)?,
     }
     Ok(ExitCode::SUCCESS)

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use crate::launch::{self, KWOK_NODE_ANNOTATION, Started, read_port};
 use crate::log::log;
 use crate::process::free_ports;
-use crate::settings::{K8S_VERSION, KWOK_VERSION, NODE_COMPONENTS, Settings};
+use crate::settings::{KWOK_VERSION, NODE_COMPONENTS, Settings};
 
 /// Starts them all at once on free ports, then waits until each is healthy (retrying one
 /// whose port was taken).
@@ -159,7 +159,8 @@ pub(crate) fn start(settings: &Settings, dir: &Path, n: u32, timeout: Duration) 
         launch::save_extra_args(dir, name)?;
     }
     log(format_args!(
-        "starting kube-controller-manager and kube-scheduler {K8S_VERSION}, kwok {KWOK_VERSION}"
+        "starting kube-controller-manager and kube-scheduler {}, kwok {KWOK_VERSION}",
+        settings.release.version
     ));
     start_components(settings, dir, deadline, timeout)?;
     if n > 0 {

@@ -17,7 +17,8 @@ use crate::launch::{
 use crate::log::{log, set_quiet};
 use crate::process::{self, WATCHDOG, alive, free_ports, print_log_tail, read_pid, running};
 use crate::settings::{
-    ETCD_VERSION, FORWARD, K8S_VERSION, MARKER, NODE_COMPONENTS, REAL_NODE, Settings, var,
+    ETCD_VERSION, FORWARD, MARKER, NODE_COMPONENTS, REAL_NODE, Settings, VERSION_FILE,
+    kubelet_release, var,
 };
 use crate::{build, nodes, pki, realnode};
 
@@ -208,8 +209,9 @@ pub(crate) fn up(
     }
     if real_node {
         log(format_args!(
-            "with the real node {} (containerd, runc, kubelet {K8S_VERSION})",
-            realnode::NODE_NAME
+            "with the real node {} (containerd, runc, kubelet {})",
+            realnode::NODE_NAME,
+            kubelet_release().version
         ));
     }
     if let Some(pid) = owner {
@@ -263,6 +265,11 @@ fn start_plane(
     real_node: bool,
     timeout: Duration,
 ) -> Result<()> {
+    // What `env`, `start-component` and the rest run on this plane.
+    write_file(
+        &dir.join(VERSION_FILE),
+        &format!("{}\n", settings.release.version),
+    )?;
     // Before kube-apiserver starts: it reads whether the plane has nodes, and a real one.
     if let Some(n) = nodes {
         write_file(&dir.join("nodes"), &format!("{n}\n"))?;
@@ -281,7 +288,10 @@ fn start_plane(
         deadline,
         timeout,
     )?;
-    log(format_args!("starting kube-apiserver {K8S_VERSION}"));
+    log(format_args!(
+        "starting kube-apiserver {}",
+        settings.release.version
+    ));
     // start-component starts kube-apiserver again with the same flags.
     save_extra_args(dir, "kube-apiserver")?;
     start_on_free_ports(

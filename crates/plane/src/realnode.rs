@@ -316,7 +316,7 @@ fn write_configuration(settings: &Settings, dir: &Path, node: &Node) -> Result<(
             socket.display()
         );
     }
-    let bin = &settings.bin_dir;
+    let bin = &settings.tools_dir;
     write_file(
         &nd.join("containerd.toml"),
         &format!(
@@ -446,7 +446,7 @@ pub(crate) fn start(settings: &Settings, dir: &Path, timeout: Duration) -> Resul
     let node = Node::read(dir)?;
     log(format_args!(
         "starting the real node: containerd and kubelet {}",
-        crate::settings::K8S_VERSION
+        crate::settings::kubelet_release().version
     ));
     write_configuration(settings, dir, &node)?;
     let exe = std::env::current_exe().context("cannot find this program")?;
@@ -472,7 +472,7 @@ pub(crate) fn start(settings: &Settings, dir: &Path, timeout: Duration) -> Resul
         .arg(NODE_ARG)
         .arg("--dir")
         .arg(dir)
-        .env("PATH", path_with(&settings.bin_dir));
+        .env("PATH", path_with(&settings.tools_dir));
     process::spawn(dir, NODE, supervisor)?;
     let deadline = Instant::now() + timeout.max(Duration::from_secs(120));
     loop {

@@ -1,5 +1,7 @@
-// Wrapper module used by scripts/control-plane to build kube-apiserver and
-// kubectl from Go modules.
+// Wrapper module used by scripts/control-plane (crates/plane) to build one
+// Kubernetes minor from Go modules: kube-apiserver, kubectl,
+// kube-controller-manager and kube-scheduler (and, from v1.34, the real
+// node's kubelet). One directory per supported minor: v1.34 ... v1.37.
 //
 // k8s.io/kubernetes replaces its staging modules (k8s.io/api, k8s.io/client-go,
 // ...) with ./staging paths, which only work inside a kubernetes checkout. This
@@ -7,8 +9,9 @@
 // published v0.<minor>.<patch> tag matching the kubernetes release. The list
 // below is the replace block of k8s.io/kubernetes' own go.mod at that version.
 //
-// To bump: change the versions here (k8s.io/kubernetes v1.X.Y, staging
-// v0.X.Y), update K8S_VERSION in scripts/control-plane, run `go mod tidy`.
+// To bump a patch: change the versions here (k8s.io/kubernetes v1.X.Y, staging
+// v0.X.Y), the pin in crates/plane/src/settings.rs (RELEASES), run
+// `go mod tidy` (GOWORK=off) in this directory.
 module initium.local/control-plane/kubernetes
 
 go 1.24.0
