@@ -302,15 +302,11 @@ pub(crate) fn run(settings: Settings, options: Options) -> Result<bool> {
     let nodes = suites.iter().any(|s| s.nodes || s.real_node);
     let helm = suites.iter().any(|s| s.helm);
     let real_node = suites.iter().any(|s| s.real_node);
-    let mut settings = Some(settings);
+    let mut settings = settings;
     for release in &versions {
-        let Some(current) = settings.take() else {
-            break;
-        };
-        let current = current.with_release(release);
+        settings = settings.with_release(release);
         say(&format!("binaries of Kubernetes {}", release.version));
-        build::build(&current, nodes, helm, real_node)?;
-        settings = Some(current);
+        build::build(&settings, nodes, helm, real_node)?;
     }
     say("building the test binaries (cargo test --no-run)");
     let mut no_run = cargo();
