@@ -5,8 +5,12 @@
 //! review gets the next turn is decided here: every namespace waiting has a queue, and turns
 //! go round the namespaces in order, one review each. A tenant that floods initium with slow
 //! creates therefore waits behind itself: a review from any other namespace gets one of the
-//! next turns, within one review's time (the latency budget bounds each) rather than behind
-//! the whole flood.
+//! next turns rather than waiting behind the whole flood.
+//!
+//! Turns are shared in slices ([`PacedTurn`]): an evaluation that has run [`TURN_SLICE`] while
+//! a review of another namespace waits pauses at its next checkpoint and goes on at its
+//! namespace's next turn. Without that, a turn lasted a whole review, up to its latency budget,
+//! and a cheap review waiting behind two of a tenant's could see its own budget run out in line.
 //!
 //! A turn also holds memory: the memory its evaluation may take, estimated before it starts
 //! from the review's size ([`review_memory`]), out of `--max-review-memory`. Parsing and
@@ -18,8 +22,11 @@
 //! enough to start inline (64 KiB) are charged nothing: at 48 bytes per byte, the turns they
 //! can hold add up to a few MiB.
 
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::rc::Rc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -57,21 +64,104 @@ struct State {
 #[derive(Debug)]
 struct Waiter {
     memory: usize,
-    send: oneshot::Sender<Turn>,
+    send: Sender,
 }
 
-/// A turn: while it lives, one evaluation thread and `memory` bytes are this review's.
-/// Dropping it hands them to the next namespace in line.
+/// Where a waiter's turn goes: a task on the async runtime (a review that has yet to start),
+/// or an evaluation thread that paused ([`Paced`]) and blocks until it may go on.
+#[derive(Debug)]
+enum Sender {
+    Task(oneshot::Sender<Turn>),
+    Thread(Arc<Resume>),
+}
+
+impl Sender {
+    /// Whether the waiter gave up (its deadline passed): it holds nothing.
+    fn is_closed(&self) -> bool {
+        match self {
+            Sender::Task(send) => send.is_closed(),
+            Sender::Thread(resume) => matches!(*resume.lock(), Resuming::GaveUp),
+        }
+    }
+
+    /// Hands `turn` over; back if the waiter gave up meanwhile.
+    fn send(self, turn: Turn) -> Result<(), Turn> {
+        match self {
+            Sender::Task(send) => send.send(turn),
+            Sender::Thread(resume) => {
+                let mut state = resume.lock();
+                if matches!(*state, Resuming::GaveUp) {
+                    return Err(turn);
+                }
+                *state = Resuming::Given(turn);
+                drop(state);
+                resume.given.notify_one();
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A paused evaluation waiting for its next turn on its own thread.
+#[derive(Debug, Default)]
+struct Resume {
+    state: Mutex<Resuming>,
+    given: Condvar,
+}
+
+#[derive(Debug, Default)]
+enum Resuming {
+    #[default]
+    Waiting,
+    Given(Turn),
+    GaveUp,
+}
+
+impl Resume {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Resuming> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Blocks until the turn comes, or `deadline` passes (then the waiter gives up, unless the
+    /// turn came just then).
+    fn wait(&self, deadline: Instant) -> Option<Turn> {
+        let mut state = self.lock();
+        loop {
+            if let Resuming::Given(_) = *state {
+                return match std::mem::take(&mut *state) {
+                    Resuming::Given(turn) => Some(turn),
+                    _ => None,
+                };
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                *state = Resuming::GaveUp;
+                return None;
+            }
+            state = self
+                .given
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// A turn: while it lives, one evaluation thread (unless it paused) and `memory` bytes are
+/// this review's. Dropping it hands them to the next namespace in line.
 #[derive(Debug)]
 pub(crate) struct Turn {
     turns: Option<Arc<FairTurns>>,
     memory: usize,
+    /// Whether it holds a thread: a paused evaluation keeps its memory and gives its thread
+    /// back.
+    thread: bool,
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
         if let Some(turns) = self.turns.take() {
-            FairTurns::release(turns, self.memory);
+            FairTurns::release(turns, self.memory, self.thread);
         }
     }
 }
@@ -102,10 +192,14 @@ impl FairTurns {
             return Ok(Turn {
                 turns: Some(self.clone()),
                 memory,
+                thread: true,
             });
         }
         let (send, receive) = oneshot::channel();
-        let waiter = Waiter { memory, send };
+        let waiter = Waiter {
+            memory,
+            send: Sender::Task(send),
+        };
         match state.queues.get_mut(key) {
             Some(queue) => queue.push_back(waiter),
             None => {
@@ -134,11 +228,76 @@ impl FairTurns {
     }
 
     /// Gives back what a turn held, and hands it on.
-    fn release(turns: Arc<FairTurns>, memory: usize) {
+    fn release(turns: Arc<FairTurns>, memory: usize, thread: bool) {
         let mut state = turns.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.free += 1;
+        if thread {
+            state.free += 1;
+        }
         state.free_memory += memory;
         turns.dispatch(&mut state);
+    }
+
+    /// Whether a review of a namespace other than `key` waits for a turn.
+    fn others_waiting(&self, key: &str) -> bool {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.order.iter().any(|k| {
+            k != key
+                && state
+                    .queues
+                    .get(k)
+                    .is_some_and(|q| q.iter().any(|w| !w.send.is_closed()))
+        })
+    }
+
+    /// Pauses `turn`: its thread goes to the next namespace in line, its memory stays held.
+    fn pause(self: &Arc<FairTurns>, turn: &mut Turn) {
+        if !turn.thread {
+            return;
+        }
+        turn.thread = false;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.free += 1;
+        self.dispatch(&mut state);
+    }
+
+    /// Blocks until `turn` (paused) has a thread again, first in its namespace's line (it is
+    /// older than the reviews that wait behind it), or `deadline` passes: then `false`.
+    fn resume(self: &Arc<FairTurns>, key: &str, turn: &mut Turn, deadline: Instant) -> bool {
+        if turn.thread {
+            return true;
+        }
+        let resume = Arc::new(Resume::default());
+        {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.free > 0 && state.order.is_empty() {
+                state.free -= 1;
+                turn.thread = true;
+                return true;
+            }
+            let waiter = Waiter {
+                memory: 0,
+                send: Sender::Thread(resume.clone()),
+            };
+            match state.queues.get_mut(key) {
+                Some(queue) => queue.push_front(waiter),
+                None => {
+                    state
+                        .queues
+                        .insert(key.to_string(), VecDeque::from([waiter]));
+                    state.order.push_back(key.to_string());
+                }
+            }
+            self.dispatch(&mut state);
+        }
+        match resume.wait(deadline) {
+            Some(mut given) => {
+                // The thread it was given is now `turn`'s.
+                given.turns = None;
+                turn.thread = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Hands free turns round the namespaces: the next turn goes to the first namespace in
@@ -196,6 +355,7 @@ impl FairTurns {
             let turn = Turn {
                 turns: Some(self.clone()),
                 memory: waiter.memory,
+                thread: true,
             };
             if let Err(mut unsent) = waiter.send.send(turn) {
                 // Gave up between the look and the send: what it was given goes back.
@@ -207,11 +367,107 @@ impl FairTurns {
     }
 
     #[cfg(test)]
+    pub(crate) fn free_memory(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .free_memory
+    }
+
+    #[cfg(test)]
     pub(crate) fn free(&self) -> usize {
         self.state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .free
+    }
+}
+
+/// How long an evaluation on the blocking pool runs, while a review of another namespace
+/// waits, before it pauses and lets that review have its thread.
+pub(crate) const TURN_SLICE: Duration = Duration::from_millis(5);
+
+/// A turn that is shared in slices: the evaluation it runs pauses at the engine's checkpoints
+/// ([`initium_engine::Pacer`]) once it has run [`TURN_SLICE`] while a review of another
+/// namespace waits, and goes on at its namespace's next turn. A tenant whose rules take their
+/// whole latency budget then holds a thread for one slice at a time, not the budget: another
+/// namespace's review waits for a slice, whatever the tenant's rules do. A paused evaluation
+/// keeps its memory; it gives up at its deadline (the latency budget), as if its rules had
+/// run out of it.
+#[derive(Debug)]
+pub(crate) struct PacedTurn {
+    turns: Arc<FairTurns>,
+    key: String,
+    turn: Turn,
+    deadline: Instant,
+}
+
+impl PacedTurn {
+    /// `turn` of `turns`, for a review of namespace `key` whose budget ends at `deadline`.
+    pub(crate) fn new(
+        turns: Arc<FairTurns>,
+        key: &str,
+        turn: Turn,
+        deadline: Instant,
+    ) -> PacedTurn {
+        PacedTurn {
+            turns,
+            key: key.to_string(),
+            turn,
+            deadline,
+        }
+    }
+
+    /// Runs `work` (an evaluation, on this blocking thread) in slices; the turn is given back
+    /// when it returns.
+    pub(crate) fn run<R>(self, work: impl FnOnce() -> R) -> R {
+        let pacer = Rc::new(Paced {
+            slice_end: Cell::new(Instant::now() + TURN_SLICE),
+            lost: Cell::new(false),
+            turns: self.turns,
+            key: self.key,
+            turn: RefCell::new(self.turn),
+            deadline: self.deadline,
+        });
+        initium_engine::paced(pacer, work)
+    }
+}
+
+/// The pacer of a [`PacedTurn`]'s evaluation.
+struct Paced {
+    turns: Arc<FairTurns>,
+    key: String,
+    turn: RefCell<Turn>,
+    deadline: Instant,
+    /// When the current slice ends.
+    slice_end: Cell<Instant>,
+    /// The evaluation paused and its deadline passed before its next turn.
+    lost: Cell<bool>,
+}
+
+impl initium_engine::Pacer for Paced {
+    fn checkpoint(&self, now: Instant, deadline: Instant) -> bool {
+        if self.lost.get() {
+            return true;
+        }
+        if now < self.slice_end.get() {
+            return false;
+        }
+        if !self.turns.others_waiting(&self.key) {
+            self.slice_end.set(now + TURN_SLICE);
+            return false;
+        }
+        let Ok(mut turn) = self.turn.try_borrow_mut() else {
+            return false;
+        };
+        self.turns.pause(&mut turn);
+        if !self.turns.resume(&self.key, &mut turn, self.deadline) {
+            self.lost.set(true);
+            return true;
+        }
+        let resumed = Instant::now();
+        self.slice_end.set(resumed + TURN_SLICE);
+        resumed >= deadline
     }
 }
 
@@ -310,5 +566,112 @@ mod tests {
         assert_eq!(turns.free(), 3);
         // All the memory is back: a review that needs the whole pool gets it.
         assert!(turns.turn("d", 100, later()).await.is_some());
+    }
+
+    /// A tenant's evaluation on the only thread, with a checkpoint every millisecond, that
+    /// goes on until `until` is set (or 10 s pass); it says whether `until` was set.
+    fn evaluation(
+        turns: &Arc<FairTurns>,
+        turn: Turn,
+        deadline: Instant,
+        started: std::sync::mpsc::Sender<()>,
+        until: Arc<std::sync::atomic::AtomicBool>,
+    ) -> tokio::task::JoinHandle<(bool, bool)> {
+        let paced = PacedTurn::new(turns.clone(), "tenant", turn, deadline);
+        tokio::task::spawn_blocking(move || {
+            paced.run(|| {
+                started.send(()).unwrap();
+                let end = Instant::now() + Duration::from_secs(10);
+                let mut out_of_time = false;
+                while !until.load(std::sync::atomic::Ordering::SeqCst)
+                    && Instant::now() < end
+                    && !out_of_time
+                {
+                    out_of_time = initium_engine::checkpoint(deadline);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                (until.load(std::sync::atomic::Ordering::SeqCst), out_of_time)
+            })
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_evaluation_pauses_for_another_namespace_and_goes_on_after_it() {
+        let turns = FairTurns::new(1, 100);
+        let turn = turns.turn("tenant", 40, later()).await.unwrap();
+        let other_ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (started, running) = std::sync::mpsc::channel();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let tenant = evaluation(&turns, turn, deadline, started, other_ran.clone());
+        running.recv().unwrap();
+        // The only thread is the tenant's, for as long as 10 s unless it pauses.
+        let other = turns
+            .turn("other", 0, later())
+            .await
+            .expect("a turn within 5 s");
+        assert_eq!(
+            turns.free_memory(),
+            60,
+            "the paused tenant keeps its memory"
+        );
+        other_ran.store(true, std::sync::atomic::Ordering::SeqCst);
+        drop(other);
+        let (saw_other, out_of_time) = tenant.await.unwrap();
+        assert!(
+            saw_other,
+            "the tenant went on after the other namespace's turn"
+        );
+        assert!(!out_of_time);
+        assert_eq!((turns.free(), turns.free_memory()), (1, 100));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_evaluation_does_not_pause_for_its_own_namespace() {
+        let turns = FairTurns::new(1, 100);
+        let turn = turns.turn("tenant", 0, later()).await.unwrap();
+        let next_ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (started, running) = std::sync::mpsc::channel();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let first = evaluation(&turns, turn, deadline, started, next_ran.clone());
+        running.recv().unwrap();
+        // The tenant's next review waits; the first keeps its thread for 300 ms.
+        let (t, n) = (turns.clone(), next_ran.clone());
+        let next = tokio::spawn(async move {
+            let turn = t.turn("tenant", 0, later()).await.unwrap();
+            n.store(true, std::sync::atomic::Ordering::SeqCst);
+            drop(turn);
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !next_ran.load(std::sync::atomic::Ordering::SeqCst),
+            "the first review paused for its own namespace's next one"
+        );
+        // Then it is stopped, and the next review has its turn.
+        next_ran.store(true, std::sync::atomic::Ordering::SeqCst);
+        first.await.unwrap();
+        next.await.unwrap();
+        assert_eq!(turns.free(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paused_evaluation_whose_budget_runs_out_stops_and_gives_back_its_memory() {
+        let turns = FairTurns::new(1, 100);
+        let turn = turns.turn("tenant", 40, later()).await.unwrap();
+        let never = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (started, running) = std::sync::mpsc::channel();
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let tenant = evaluation(&turns, turn, deadline, started, never);
+        running.recv().unwrap();
+        // Another namespace takes the thread and keeps it past the tenant's budget.
+        let other = turns.turn("other", 0, later()).await.unwrap();
+        let (saw, out_of_time) = tenant.await.unwrap();
+        assert!(!saw);
+        assert!(
+            out_of_time,
+            "the budget ran out while the evaluation was paused"
+        );
+        assert_eq!(turns.free_memory(), 100, "its memory is back");
+        drop(other);
+        assert_eq!(turns.free(), 1);
     }
 }

@@ -281,6 +281,7 @@ async fn mutate_request(
         .await
     {
         Some(turn) => {
+            let turn = fair::PacedTurn::new(turns, &namespace, turn, deadline);
             blocking(
                 shared.clone(),
                 body,
@@ -358,13 +359,35 @@ async fn turn(
         .ok()
 }
 
+/// What a review holds while it is evaluated on the blocking pool: given back when its work
+/// ends.
+trait Hold: Send + 'static {
+    fn hold<R>(self, work: impl FnOnce() -> R) -> R;
+}
+
+/// A validation's turn: held throughout.
+impl Hold for OwnedSemaphorePermit {
+    fn hold<R>(self, work: impl FnOnce() -> R) -> R {
+        let done = work();
+        drop(self);
+        done
+    }
+}
+
+/// An admission's turn: shared in slices with the other namespaces' reviews that wait.
+impl Hold for fair::PacedTurn {
+    fn hold<R>(self, work: impl FnOnce() -> R) -> R {
+        self.run(work)
+    }
+}
+
 /// Runs `work` on the blocking pool, in the request's span, holding the request's bytes and its
 /// turn until it ends.
 async fn blocking(
     shared: Arc<Shared>,
     body: Bytes,
     reservation: Reservation,
-    turn: impl Send + 'static,
+    turn: impl Hold,
     mut record: Record,
     work: Work,
 ) -> (Reply, Record) {
@@ -374,17 +397,19 @@ async fn blocking(
     let done = tokio::task::spawn_blocking(move || {
         let _entered = span.enter();
         let max = shared.config.limits.max_json_values;
-        let reply = if limits::json_values_within(&body, max) {
-            work(&shared, &body, &mut record)
-        } else {
-            let message = format!(
-                "the AdmissionReview has more than {max} JSON values (--max-json-values); \
-                 no object the API server stores has that many"
-            );
-            tracing::warn!(bytes = body.len(), error = %message, "rejected an admission request");
-            Reply::TooLarge(message)
-        };
-        drop((turn, reservation));
+        let reply = turn.hold(|| {
+            if limits::json_values_within(&body, max) {
+                work(&shared, &body, &mut record)
+            } else {
+                let message = format!(
+                    "the AdmissionReview has more than {max} JSON values (--max-json-values); \
+                     no object the API server stores has that many"
+                );
+                tracing::warn!(bytes = body.len(), error = %message, "rejected an admission request");
+                Reply::TooLarge(message)
+            }
+        });
+        drop(reservation);
         (reply, record)
     })
     .await;

@@ -112,8 +112,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = crate::controller::audit::DEFAULT_MAX_AUDIT_EVENTS_PER_NAMESPACE, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_audit_events_per_namespace: u32,
     /// AdmissionReviews evaluated at once on the blocking pool (those above 64 KiB, and those
-    /// whose rules run past a 2 ms slice), in turns that go round the namespaces; one that waits
-    /// longer than the budget gets 503 and the API server applies the webhook's failure policy.
+    /// whose rules run past a 2 ms slice), in turns that go round the namespaces; one that has
+    /// run 5 ms while another namespace's review waits pauses until its namespace's next turn.
+    /// One that waits longer than the budget gets 503 and the API server applies the webhook's
+    /// failure policy.
     #[arg(long, default_value_t = 2)]
     pub max_blocking_reviews: usize,
     /// Memory the reviews on the blocking pool may take together: each is charged 48 bytes per

@@ -227,7 +227,7 @@ impl RuleIndex {
             // per request put 7% of the time in clock_gettime).
             if !outcome.budget_exceeded
                 && i % DEADLINE_STRIDE == 0
-                && deadline.is_some_and(|d| Instant::now() >= d)
+                && deadline.is_some_and(crate::pace::passed)
             {
                 outcome.budget_exceeded = true;
             }

@@ -25,6 +25,7 @@ mod lookup;
 mod lookup_store;
 mod matching;
 mod mutation;
+mod pace;
 mod parse;
 mod path;
 mod prefilter;
@@ -56,6 +57,7 @@ pub use lookup::{
 pub use matching::MatchError;
 pub use matching::{Conditions, Selector};
 pub use mutation::MutationError;
+pub use pace::{Pacer, paced, passed as checkpoint};
 pub use parse::{RuleSource, compile_document, is_rule_document, parse_rule};
 pub use path::{PointerError, QueryError, QueryProblem, type_name as describe_value};
 pub use rule::{CompiledRule, compile};

@@ -370,7 +370,7 @@ impl<'a> Meter<'a> {
     /// Looks at the clock now.
     pub fn check_clock(&self) -> Result<(), Stop> {
         match self.deadline {
-            Some(d) if Instant::now() >= d => Err(Stop::Budget),
+            Some(d) if crate::pace::passed(d) => Err(Stop::Budget),
             _ => Ok(()),
         }
     }

@@ -307,7 +307,7 @@ impl Conditions {
             // The clock is read only before a condition that can take long (a search, an `in`
             // test, a query that may refuse its work): reading it costs more than a simple
             // `equals` on the admission path.
-            if c.can_take_long() && deadline.is_some_and(|d| Instant::now() >= d) {
+            if c.can_take_long() && deadline.is_some_and(crate::pace::passed) {
                 return Err(MatchError::OutOfTime);
             }
             let set = prepared.sets.get(index).and_then(Option::as_ref);
