@@ -60,6 +60,22 @@ struct State {
     order: VecDeque<String>,
 }
 
+impl State {
+    /// Puts `waiter` in `key`'s line (at its front when `first`), and `key` in the order of
+    /// namespaces if it was not waiting.
+    fn enqueue(&mut self, key: &str, waiter: Waiter, first: bool) {
+        match self.queues.get_mut(key) {
+            Some(queue) if first => queue.push_front(waiter),
+            Some(queue) => queue.push_back(waiter),
+            None => {
+                self.queues
+                    .insert(key.to_string(), VecDeque::from([waiter]));
+                self.order.push_back(key.to_string());
+            }
+        }
+    }
+}
+
 /// A review waiting for its turn, and the memory it will hold.
 #[derive(Debug)]
 struct Waiter {
@@ -200,15 +216,7 @@ impl FairTurns {
             memory,
             send: Sender::Task(send),
         };
-        match state.queues.get_mut(key) {
-            Some(queue) => queue.push_back(waiter),
-            None => {
-                state
-                    .queues
-                    .insert(key.to_string(), VecDeque::from([waiter]));
-                state.order.push_back(key.to_string());
-            }
-        }
+        state.enqueue(key, waiter, false);
         self.dispatch(&mut state);
         drop(state);
         Err(receive)
@@ -278,15 +286,7 @@ impl FairTurns {
                 memory: 0,
                 send: Sender::Thread(resume.clone()),
             };
-            match state.queues.get_mut(key) {
-                Some(queue) => queue.push_front(waiter),
-                None => {
-                    state
-                        .queues
-                        .insert(key.to_string(), VecDeque::from([waiter]));
-                    state.order.push_back(key.to_string());
-                }
-            }
+            state.enqueue(key, waiter, true);
             self.dispatch(&mut state);
         }
         match resume.wait(deadline) {
