@@ -197,6 +197,7 @@ fn every_status_initium_writes_reads_as_documented() {
             resource_version: Some("1".into()),
             status: None,
             verdict: verdict.clone(),
+            serving: None,
         };
         let status = desired_status(&view, &now).expect("a new rule gets a status");
         let object = serde_json::json!({

@@ -99,6 +99,20 @@ pub struct CheckArgs {
     /// Namespace for MutationRules that do not name one.
     #[arg(short = 'n', long, default_value = "default")]
     pub namespace: String,
+    /// Also say how each rule would be served: by the API server (and print the
+    /// MutatingAdmissionPolicy and binding initium generates for it, as YAML that
+    /// `kubectl apply -f -` takes) or by the webhook (and why). Offline, kinds resolve from
+    /// a table of common built-in kinds; in the cluster, from discovery.
+    #[arg(long)]
+    pub compile: bool,
+    /// With --compile: the installation's name (`initium serve --webhook-name`), which
+    /// prefixes the generated objects' names.
+    #[arg(long, default_value = "initium", requires = "compile")]
+    pub owner: String,
+    /// With --compile: namespaces the policies leave out (initium's own and
+    /// `initium serve --exclude-namespace`).
+    #[arg(long = "exclude-namespace", default_values = ["initium-system", "kube-system"], requires = "compile")]
+    pub excluded_namespaces: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -212,8 +226,54 @@ fn check(args: CheckArgs, out: &mut dyn Write) -> Result<()> {
         ));
     }
     text.push_str(&format!("{} rule(s) valid\n", rules.index.len()));
+    if args.compile {
+        text = compiled_text(&rules, &args)?;
+    }
     out.write_all(text.as_bytes())
         .map_err(|e| Error::output("the results", e))
+}
+
+/// `check --compile`: per rule, how it would be served (YAML comments), then the generated
+/// objects as YAML documents.
+fn compiled_text(rules: &offline::LoadedRules, args: &CheckArgs) -> Result<String> {
+    use initium_engine::policy::{BuiltinResources, PolicySettings, Serving, plan};
+    let settings = PolicySettings {
+        owner: args.owner.clone(),
+        excluded_namespaces: args.excluded_namespaces.clone(),
+    };
+    let specs: Vec<(initium_engine::RuleId, &initium_engine::api::RuleSpec)> = rules
+        .sources
+        .iter()
+        .map(|s| (s.id.clone(), &s.spec))
+        .collect();
+    let served = plan(&specs, &BuiltinResources, &settings);
+    let mut text = String::new();
+    let mut objects = Vec::new();
+    let mut compiled = 0;
+    for ((id, _), serving) in specs.iter().zip(&served) {
+        let rule = initium_engine::untrusted::escape(&id.describe()).into_owned();
+        match serving {
+            Serving::ApiServer(generated) => {
+                compiled += 1;
+                text.push_str(&format!(
+                    "# {rule}: served by the API server (MutatingAdmissionPolicy {})\n",
+                    generated.name
+                ));
+                objects.push(&generated.policy);
+                objects.push(&generated.binding);
+            }
+            Serving::Webhook(reason) => {
+                let reason = initium_engine::untrusted::escape(&reason.to_string()).into_owned();
+                text.push_str(&format!("# {rule}: served by the webhook: {reason}\n"));
+            }
+        }
+    }
+    text.push_str(&format!(
+        "# {compiled} of {} rule(s) compile to MutatingAdmissionPolicies\n",
+        specs.len()
+    ));
+    text.push_str(&output::yaml_documents(objects.into_iter())?);
+    Ok(text)
 }
 
 fn crd(args: CrdArgs, out: &mut dyn Write) -> Result<()> {

@@ -50,6 +50,9 @@ static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 pub struct LoadedRules {
     pub index: RuleIndex,
     pub ignored_documents: usize,
+    /// The valid rules as written, in input order (what `check --compile` compiles to
+    /// policies).
+    pub sources: Vec<initium_engine::RuleSource>,
 }
 
 /// Reads and compiles rules; any invalid rule is an error listing every problem of every rule,
@@ -70,6 +73,7 @@ pub fn compile_documents(
     default_namespace: &str,
 ) -> (LoadedRules, Vec<RuleErrors>) {
     let mut compiled = Vec::new();
+    let mut sources = Vec::new();
     let mut errors = Vec::new();
     let mut ignored_documents = 0;
     let mut seen = HashSet::new();
@@ -85,10 +89,14 @@ pub fn compile_documents(
                     errors: vec![FieldError::new("metadata.name", "defined twice")],
                 });
             }
-            compile(source.id, &source.spec)
+            let rule = compile(source.id.clone(), &source.spec)?;
+            Ok((rule, source))
         });
         match result {
-            Ok(rule) => compiled.push(rule),
+            Ok((rule, source)) => {
+                compiled.push(rule);
+                sources.push(source);
+            }
             Err(mut e) => {
                 e.rule = format!("{} ({})", e.rule, doc.origin);
                 errors.push(e);
@@ -99,6 +107,7 @@ pub fn compile_documents(
         LoadedRules {
             index: RuleIndex::new(compiled),
             ignored_documents,
+            sources,
         },
         errors,
     )

@@ -186,6 +186,38 @@ impl Served {
     }
 }
 
+impl Served {
+    /// Whether the API server runs MutatingAdmissionPolicies (`admissionregistration.k8s.io/v1`,
+    /// Kubernetes 1.36 and later), which compiled rules become.
+    pub fn serves_mutating_policies(&self) -> bool {
+        self.namespaced(&Gvk::new(
+            "admissionregistration.k8s.io",
+            "v1",
+            "MutatingAdmissionPolicy",
+        )) == Some(false)
+            && self.namespaced(&Gvk::new(
+                "admissionregistration.k8s.io",
+                "v1",
+                "MutatingAdmissionPolicyBinding",
+            )) == Some(false)
+    }
+}
+
+/// What a kind pattern names for the policy compiler: the served resources initium may
+/// intercept (the ones it never intercepts are left out, as from the webhook configuration).
+impl initium_engine::policy::Resources for Served {
+    fn matching(&self, pattern: &KindPattern) -> Vec<initium_engine::policy::Resource> {
+        Served::matching(self, pattern)
+            .filter(|r| r.never_intercepted().is_none())
+            .map(|r| initium_engine::policy::Resource {
+                gvk: r.gvk.clone(),
+                plural: r.plural.clone(),
+                namespaced: r.namespaced,
+            })
+            .collect()
+    }
+}
+
 /// Reads discovery: the aggregated documents (two requests), or group by group on API servers
 /// without aggregated discovery (before Kubernetes 1.26).
 pub async fn discover(client: &Client) -> Result<Served, kube::Error> {

@@ -75,6 +75,7 @@ pub(crate) mod gate;
 pub mod leader;
 pub mod lookups;
 pub mod namespaces;
+pub(crate) mod policies;
 pub mod rules;
 pub mod status;
 pub(crate) mod vocabulary;
@@ -95,6 +96,7 @@ use vocabulary::{Leader, Readiness, Stop};
 pub use leader::LeaseSettings;
 pub use rules::Quotas;
 pub use vocabulary::{ControllerError, FIELD_MANAGER};
+
 pub use webhooks::{WebhookEndpoint, WebhookSettings, webhook_timeout_seconds};
 
 /// Settings of the controller part of `initium serve`. [`ControllerConfig::new`] gives the
@@ -150,6 +152,22 @@ pub struct ControllerConfig {
     /// Distinct objects the gates of one namespace's MutationRules may wait on together
     /// (`--max-gate-objects-per-namespace`); ClusterMutationRules are exempt.
     pub max_gate_objects_per_namespace: usize,
+    /// Whether Ready rules that a MutatingAdmissionPolicy can serve exactly are compiled to
+    /// one (`--compile-rules`; default [`CompileRules::Off`]).
+    pub compile_rules: CompileRules,
+}
+
+/// `--compile-rules`: whether the API server serves the rules it can (docs/rules.md, "Served
+/// by the API server").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompileRules {
+    /// Every rule is served by initium's webhook; generated policies left by an earlier run
+    /// are deleted.
+    #[default]
+    Off,
+    /// A Ready rule a MutatingAdmissionPolicy does exactly (and that no earlier rule may
+    /// meet) is served by the API server through a generated policy.
+    Auto,
 }
 
 pub use rules::{DEFAULT_MAX_GATE_OBJECTS_PER_NAMESPACE, DEFAULT_MAX_LOOKUPS_PER_NAMESPACE};
@@ -181,6 +199,7 @@ impl ControllerConfig {
             max_audit_events_per_namespace: audit::DEFAULT_MAX_AUDIT_EVENTS_PER_NAMESPACE as usize,
             max_lookups_per_namespace: DEFAULT_MAX_LOOKUPS_PER_NAMESPACE,
             max_gate_objects_per_namespace: DEFAULT_MAX_GATE_OBJECTS_PER_NAMESPACE,
+            compile_rules: CompileRules::Off,
         }
     }
 
@@ -289,6 +308,17 @@ pub async fn run(
     let (applied_tx, applied_rx) = watch::channel(None);
     let (refused_tx, refused_rx) = watch::channel(None);
     let (namespaces_tx, namespaces_rx) = watch::channel(None);
+    let (in_effect_tx, in_effect_rx) = watch::channel(Arc::new(std::collections::BTreeSet::new()));
+    let compile = (config.compile_rules == CompileRules::Auto).then(|| {
+        let mut excluded = vec![config.namespace.clone()];
+        excluded.extend(config.excluded_namespaces.iter().cloned());
+        excluded.sort();
+        excluded.dedup();
+        Arc::new(initium_engine::policy::PolicySettings {
+            owner: config.webhook_configuration.clone(),
+            excluded_namespaces: excluded,
+        })
+    });
     let ca_bundle = tls.ca_bundle_receiver();
 
     // Every duty of the controller, one line each.
@@ -317,6 +347,7 @@ pub async fn run(
             rules: config.quotas,
             lookups: rules::LookupQuota(config.max_lookups_per_namespace),
             gate_objects: rules::GateObjectQuota(config.max_gate_objects_per_namespace),
+            compile,
         },
         shared.clone(),
         readiness.clone(),
@@ -358,12 +389,14 @@ pub async fn run(
         leader.clone(),
         shared.clone(),
     ));
+    let client_for_policies = client.clone();
     duties.start(webhooks::Webhooks::new(
         client,
         Arc::new(config.webhook_settings()),
         shared.config.budget,
         webhooks::Watched {
-            needs: needs_rx,
+            needs: needs_rx.clone(),
+            in_effect: in_effect_rx,
             namespaces: namespaces_rx,
             ca_bundle,
         },
@@ -373,6 +406,13 @@ pub async fn run(
             refused: refused_tx,
         },
         shared.clone(),
+    ));
+    duties.start(policies::Policies::new(
+        client_for_policies,
+        needs_rx,
+        leader.clone(),
+        config.webhook_configuration.clone(),
+        in_effect_tx,
     ));
     duties.start(certificates::Certificates::new(
         tls,

@@ -21,12 +21,14 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::discovery::Served;
+use super::discovery::Served as Discovered;
 use super::duty::{Context, Duty};
 use super::vocabulary::{ControllerError, READY, Readiness, json_hash};
+use super::webhooks::CompiledPolicy;
 use super::webhooks::{Inputs, RuleNeeds};
 use crate::admission::state::Shared;
 use initium_engine::api::{ClusterMutationRule, MutationRule, RuleSpec, RuleStatus};
+use initium_engine::policy::{self, PolicySettings, Serving};
 use initium_engine::{
     CompiledRule, Dependency, Gvk, RuleErrors, RuleId, RuleIndex, cluster_scoped_message, compile,
 };
@@ -143,7 +145,7 @@ pub fn verdict(
     id: &RuleId,
     kinds: &[String],
     compiled: &Result<Arc<CompiledRule>, RuleErrors>,
-    served: &Served,
+    served: &Discovered,
 ) -> Verdict {
     let rule = match compiled {
         Ok(rule) => rule,
@@ -233,6 +235,18 @@ pub struct RuleView {
     /// The status as last seen on the API server (shared with the rule table).
     pub status: Option<Arc<RuleStatus>>,
     pub verdict: Verdict,
+    /// How a Ready rule is served, when compiling rules to policies is on
+    /// (`--compile-rules auto`); `None` when it is off or the rule is not Ready.
+    pub serving: Option<Served>,
+}
+
+/// How a Ready rule is served (the rule's `ServedByAPIServer` condition).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// By the API server, through the MutatingAdmissionPolicy of this name.
+    ApiServer(String),
+    /// By initium's webhook, for this reason.
+    Webhook(String),
 }
 
 /// Every rule, sorted by id; published after each batch of changes.
@@ -306,7 +320,10 @@ struct Entry {
     /// The verdict on the rule's kinds (before the namespace quotas), with the discovery it
     /// was worked out against: a publish judges again only rules that changed, or all of
     /// them when discovery changed.
-    kind_verdict: Option<(Weak<Served>, Verdict)>,
+    kind_verdict: Option<(Weak<Discovered>, Verdict)>,
+    /// The spec, kept only while rules are compiled to policies (`--compile-rules auto`):
+    /// the policy depends on discovery too, so it is generated when the table is published.
+    spec: Option<Arc<RuleSpec>>,
 }
 
 /// Identifies a rule object's spec: a hash of its uid (a rule deleted and created again is a
@@ -340,14 +357,16 @@ impl Scope {
 
 enum Input {
     Rule(Scope, Box<Result<watcher::Event<Observed>, watcher::Error>>),
-    Served(Option<Arc<Served>>),
+    Served(Option<Arc<Discovered>>),
 }
 
 /// All rules, their compilation and readiness, and what has changed since the last publish.
 #[derive(Default)]
 struct RuleTable {
     entries: BTreeMap<RuleId, Entry>,
-    served: Option<Arc<Served>>,
+    served: Option<Arc<Discovered>>,
+    /// `--compile-rules auto`: what the generated policies depend on besides the rules.
+    compile: Option<Arc<PolicySettings>>,
     /// Rules listed so far by a watch that is (re)listing, already compiled: a list of ten
     /// thousand rules never holds ten thousand specs at once.
     relisting: BTreeMap<Scope, Vec<(RuleId, Entry, bool)>>,
@@ -608,7 +627,8 @@ impl RuleTable {
                 }
                 watcher::Event::InitApply(mut rule) => {
                     let status = intern(&mut self.statuses, rule.status.take());
-                    let staged = entry_for(self.entries.get(&rule.id), rule, status);
+                    let keep_spec = self.compile.is_some();
+                    let staged = entry_for(self.entries.get(&rule.id), rule, status, keep_spec);
                     self.relisting.entry(scope).or_default().push(staged);
                 }
                 watcher::Event::InitDone => {
@@ -647,7 +667,9 @@ impl RuleTable {
     fn upsert(&mut self, mut observed: Observed) {
         self.snapshot_stale = true;
         let status = intern(&mut self.statuses, observed.status.take());
-        let (id, entry, compiled) = entry_for(self.entries.get(&observed.id), observed, status);
+        let keep_spec = self.compile.is_some();
+        let (id, entry, compiled) =
+            entry_for(self.entries.get(&observed.id), observed, status, keep_spec);
         self.index_stale |= compiled;
         self.entries.insert(id, entry);
     }
@@ -675,6 +697,7 @@ impl RuleTable {
             self.index_stale = false;
             let mut ready = Vec::new();
             let mut rule_needs = Vec::new();
+            let mut ready_ids: Vec<RuleId> = Vec::new();
             let mut verdicts: Vec<Verdict> = self
                 .entries
                 .iter_mut()
@@ -724,12 +747,19 @@ impl RuleTable {
                 {
                     ready.push(rule.clone());
                     rule_needs.push(needs.clone());
+                    ready_ids.push(id.clone());
                 }
             }
+            // Every Ready rule stays in the index, compiled or not: the webhook skips a rule
+            // its policy already applied (it is listed in initium.dev/mutated-by), and serves
+            // it while its policy is not in effect yet.
             shared.swap_rules(RuleIndex::shared(ready));
+            let (rule_needs, compiled) = self.plan(&served, &ready_ids, rule_needs);
             let inputs = Arc::new(Inputs {
                 rules: rule_needs,
                 served: Some(served.clone()),
+                compiled,
+                compiling: self.compile.is_some(),
             });
             needs.send_if_modified(|current| {
                 if **current == *inputs {
@@ -761,6 +791,80 @@ impl RuleTable {
         published
     }
 
+    /// With `--compile-rules auto`: which Ready rules the API server serves through a
+    /// generated policy. Returns the needs of the rules the webhook serves, and the compiled
+    /// ones (whose needs the webhook configuration keeps until their policy is in effect);
+    /// records how each is served in its view.
+    fn plan(
+        &mut self,
+        served: &Arc<Discovered>,
+        ready: &[RuleId],
+        needs: Vec<Arc<RuleNeeds>>,
+    ) -> (Vec<Arc<RuleNeeds>>, Vec<CompiledPolicy>) {
+        let Some(settings) = self.compile.clone() else {
+            return (needs, Vec::new());
+        };
+        let specs: Vec<(RuleId, Arc<RuleSpec>)> = ready
+            .iter()
+            .filter_map(|id| {
+                let spec = self.entries.get(id)?.spec.clone()?;
+                Some((id.clone(), spec))
+            })
+            .collect();
+        let servings: Vec<Serving> = if served.serves_mutating_policies() {
+            let borrowed: Vec<(RuleId, &RuleSpec)> = specs
+                .iter()
+                .map(|(id, s)| (id.clone(), s.as_ref()))
+                .collect();
+            policy::plan(&borrowed, served.as_ref(), &settings)
+        } else {
+            specs
+                .iter()
+                .map(|_| {
+                    Serving::Webhook(policy::NotCompiled::new(
+                        "cluster",
+                        "the API server does not serve admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes 1.36 and later do)",
+                    ))
+                })
+                .collect()
+        };
+        if specs.len() != needs.len() {
+            return (needs, Vec::new());
+        }
+        let mut webhook = Vec::new();
+        let mut compiled = Vec::new();
+        for (((id, _), serving), need) in specs.iter().zip(servings).zip(needs) {
+            let view_serving = match serving {
+                Serving::ApiServer(generated) => {
+                    let name = generated.name.clone();
+                    compiled.push(CompiledPolicy {
+                        rule: id.clone(),
+                        generated: Arc::new(*generated),
+                        needs: need,
+                    });
+                    Served::ApiServer(name)
+                }
+                Serving::Webhook(reason) => {
+                    webhook.push(need);
+                    Served::Webhook(reason.to_string())
+                }
+            };
+            if let Some(entry) = self.entries.get_mut(id)
+                && entry.view.serving.as_ref() != Some(&view_serving)
+            {
+                Arc::make_mut(&mut entry.view).serving = Some(view_serving);
+                self.snapshot_stale = true;
+            }
+        }
+        for entry in self.entries.values_mut() {
+            if !entry.view.verdict.is_ready() && entry.view.serving.is_some() {
+                Arc::make_mut(&mut entry.view).serving = None;
+                self.snapshot_stale = true;
+            }
+        }
+        (webhook, compiled)
+    }
+
     /// Whether a publish would do anything.
     fn stale(&self) -> bool {
         self.index_stale || self.snapshot_stale
@@ -773,6 +877,7 @@ fn entry_for(
     current: Option<&Entry>,
     observed: Observed,
     status: Option<Arc<RuleStatus>>,
+    keep_spec: bool,
 ) -> (RuleId, Entry, bool) {
     let spec_key = SpecKey::of(&observed);
     let view = |verdict: Option<&Verdict>| {
@@ -783,6 +888,7 @@ fn entry_for(
             resource_version: observed.resource_version.clone(),
             status,
             verdict: verdict.cloned().unwrap_or(Verdict::Ready),
+            serving: None,
         })
     };
     if let Some(current) = current
@@ -794,9 +900,14 @@ fn entry_for(
             kinds: current.kinds.clone(),
             compiled: current.compiled.clone(),
             judged: current.judged,
-            view: view(current.judged.then_some(&current.view.verdict)),
+            view: {
+                let mut fresh = view(current.judged.then_some(&current.view.verdict));
+                Arc::make_mut(&mut fresh).serving = current.view.serving.clone();
+                fresh
+            },
             needs: current.needs.clone(),
             kind_verdict: current.kind_verdict.clone(),
+            spec: current.spec.clone(),
         };
         return (observed.id, entry, false);
     }
@@ -812,6 +923,7 @@ fn entry_for(
         .as_ref()
         .ok()
         .map(|rule| Arc::new(RuleNeeds::of(rule)));
+    let spec = keep_spec.then(|| Arc::new(observed.spec.clone()));
     let entry = Entry {
         spec_key,
         created: observed.created,
@@ -821,6 +933,7 @@ fn entry_for(
         view,
         needs,
         kind_verdict: None,
+        spec,
     };
     (observed.id, entry, true)
 }
@@ -866,21 +979,25 @@ pub(crate) struct Rules {
     quotas: Quotas,
     shared: Arc<Shared>,
     readiness: Arc<Readiness>,
-    served: watch::Receiver<Option<Arc<Served>>>,
+    served: watch::Receiver<Option<Arc<Discovered>>>,
     snapshot: watch::Sender<Arc<Snapshot>>,
     needs: watch::Sender<Arc<Inputs>>,
     lookup_quota: LookupQuota,
     gate_object_quota: GateObjectQuota,
+    /// `--compile-rules auto`: the settings of the generated policies.
+    compile: Option<Arc<PolicySettings>>,
 }
 
 /// The quotas of one namespace's MutationRules: Ready rules and what they hold ([`Quotas`]),
 /// the ConfigMaps they look up ([`LookupQuota`]) and the objects their gates wait on
 /// ([`GateObjectQuota`]).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct NamespaceQuotas {
     pub rules: Quotas,
     pub lookups: LookupQuota,
     pub gate_objects: GateObjectQuota,
+    /// `--compile-rules auto`: the settings of the generated policies; `None`: off.
+    pub compile: Option<Arc<PolicySettings>>,
 }
 
 impl Rules {
@@ -889,7 +1006,7 @@ impl Rules {
         quotas: NamespaceQuotas,
         shared: Arc<Shared>,
         readiness: Arc<Readiness>,
-        served: watch::Receiver<Option<Arc<Served>>>,
+        served: watch::Receiver<Option<Arc<Discovered>>>,
         snapshot: watch::Sender<Arc<Snapshot>>,
         needs: watch::Sender<Arc<Inputs>>,
     ) -> Rules {
@@ -898,6 +1015,7 @@ impl Rules {
             quotas: quotas.rules,
             lookup_quota: quotas.lookups,
             gate_object_quota: quotas.gate_objects,
+            compile: quotas.compile,
             shared,
             readiness,
             served,
@@ -1027,6 +1145,7 @@ impl Duty for Rules {
             quotas: self.quotas,
             lookup_quota: self.lookup_quota,
             gate_object_quota: self.gate_object_quota,
+            compile: self.compile.clone(),
             ..RuleTable::default()
         };
         // initium's own CRDs, by name: their generation, to tell when their schema changed.

@@ -98,6 +98,36 @@ fn stalled_condition(verdict: &Verdict, ready: &Condition) -> Option<Condition> 
     }
 }
 
+/// The condition that says how a Ready rule is served when rules are compiled
+/// (`--compile-rules auto`): `True` by the API server (the message names the policy),
+/// `False` by the webhook (the message is the first reason).
+pub const SERVED_BY_API_SERVER: &str = "ServedByAPIServer";
+
+fn served_condition(view: &RuleView, now: &Time) -> Option<Condition> {
+    let (status, reason, message) = match view.serving.as_ref()? {
+        super::rules::Served::ApiServer(name) => (
+            "True",
+            "Compiled",
+            format!(
+                "the API server applies the rule through the MutatingAdmissionPolicy {name}; it keeps working while initium is down"
+            ),
+        ),
+        super::rules::Served::Webhook(reason) => (
+            "False",
+            "WebhookOnly",
+            format!("initium's webhook serves the rule: {reason}"),
+        ),
+    };
+    Some(Condition {
+        type_: SERVED_BY_API_SERVER.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: truncate(&message),
+        observed_generation: view.generation,
+        last_transition_time: now.clone(),
+    })
+}
+
 fn truncate(message: &str) -> String {
     match message.char_indices().nth(MESSAGE_MAX_CHARS) {
         Some((at, _)) => format!("{}…", &message[..at]),
@@ -127,6 +157,10 @@ pub fn desired_status(view: &RuleView, now: &Time) -> Option<RuleStatus> {
     let stalled = stalled_condition(&view.verdict, &ready);
     let mut conditions = current.conditions.clone();
     put(&mut conditions, ready);
+    match served_condition(view, now) {
+        Some(served) => put(&mut conditions, served),
+        None => conditions.retain(|c| c.type_ != SERVED_BY_API_SERVER),
+    }
     match stalled {
         Some(stalled) => put(&mut conditions, stalled),
         None => conditions.retain(|c| c.type_ != STALLED),
@@ -462,6 +496,7 @@ mod tests {
             resource_version: Some("1".into()),
             status: status.map(Arc::new),
             verdict,
+            serving: None,
         }
     }
 
@@ -522,6 +557,7 @@ mod tests {
         let needs = Arc::new(Inputs {
             rules: Vec::new(),
             served: Some(Arc::new(crate::controller::discovery::tests::served())),
+            ..Inputs::default()
         });
         // Nothing applied yet (or not the leader): not in effect.
         assert!(!webhooks_in_effect(&needs, None));

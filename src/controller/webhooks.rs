@@ -228,9 +228,41 @@ impl RuleNeeds {
 /// What the webhook configuration is derived from: the Ready rules and discovery.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Inputs {
-    /// Shared with the rule table, which works each out once per spec.
+    /// The Ready rules the webhook serves. Shared with the rule table, which works each out
+    /// once per spec.
     pub rules: Vec<Arc<RuleNeeds>>,
     pub served: Option<Arc<Served>>,
+    /// The Ready rules the API server serves through a generated policy
+    /// (`--compile-rules auto`). The webhook configuration still covers each until its
+    /// policy is in effect.
+    pub compiled: Vec<CompiledPolicy>,
+    /// `--compile-rules auto`: with nothing left for the webhook, the
+    /// MutatingWebhookConfiguration is deleted rather than kept empty.
+    pub compiling: bool,
+}
+
+/// A Ready rule compiled to a MutatingAdmissionPolicy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompiledPolicy {
+    pub rule: initium_engine::RuleId,
+    pub generated: Arc<initium_engine::policy::Generated>,
+    /// What the webhook configuration covers for it while its policy is not in effect.
+    pub needs: Arc<RuleNeeds>,
+}
+
+impl Inputs {
+    /// The rules the webhook configuration must cover: the webhook's, and the compiled ones
+    /// whose policy is not in effect yet (`in_effect`: the policies written and settled).
+    pub fn covered(&self, in_effect: &BTreeSet<String>) -> Vec<Arc<RuleNeeds>> {
+        let mut rules = self.rules.clone();
+        rules.extend(
+            self.compiled
+                .iter()
+                .filter(|c| !in_effect.contains(&c.generated.name))
+                .map(|c| c.needs.clone()),
+        );
+        rules
+    }
 }
 
 /// `(group, version, resource)` → operations.
@@ -667,6 +699,29 @@ where
     Ok(true)
 }
 
+/// Deletes the MutatingWebhookConfiguration (every Ready rule is served by the API server);
+/// `Ok(true)` when there was one.
+async fn delete_configuration(
+    api: &Api<MutatingWebhookConfiguration>,
+    name: &str,
+) -> Result<bool, ControllerError> {
+    match api.delete(name, &kube::api::DeleteParams::default()).await {
+        Ok(_) => {
+            tracing::info!(
+                configuration = name,
+                "every Ready rule is served by the API server: deleted the MutatingWebhookConfiguration"
+            );
+            Ok(true)
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(ControllerError::api(
+            "delete",
+            format!("MutatingWebhookConfiguration {name}"),
+            e,
+        )),
+    }
+}
+
 /// At most one write of the webhook configurations (and one round of namespace labels) per
 /// this interval: a bulk apply of thousands of rules, or one tenant patching a rule ten
 /// times a second, costs the API server one write a second, each with the whole state.
@@ -781,6 +836,7 @@ pub(crate) struct Webhooks {
     config: Arc<WebhookSettings>,
     budget: Duration,
     needs: watch::Receiver<Arc<Inputs>>,
+    in_effect: watch::Receiver<Arc<BTreeSet<String>>>,
     namespaces: watch::Receiver<Option<Arc<NamespaceLabels>>>,
     ca_bundle: watch::Receiver<Option<Vec<u8>>>,
     leader: Leader,
@@ -793,6 +849,8 @@ pub(crate) struct Webhooks {
 /// until listed) and the caBundle.
 pub(crate) struct Watched {
     pub needs: watch::Receiver<Arc<Inputs>>,
+    /// The generated policies in effect (the `policies` duty's).
+    pub in_effect: watch::Receiver<Arc<BTreeSet<String>>>,
     pub namespaces: watch::Receiver<Option<Arc<NamespaceLabels>>>,
     pub ca_bundle: watch::Receiver<Option<Vec<u8>>>,
 }
@@ -818,6 +876,7 @@ impl Webhooks {
             config,
             budget,
             needs: watched.needs,
+            in_effect: watched.in_effect,
             namespaces: watched.namespaces,
             ca_bundle: watched.ca_bundle,
             leader,
@@ -837,6 +896,7 @@ impl Duty for Webhooks {
             config,
             budget,
             needs,
+            in_effect,
             namespaces,
             ca_bundle,
             leader,
@@ -858,6 +918,7 @@ impl Duty for Webhooks {
                 () = context.stop.wait() => return Ok(()),
                 () = tokio::time::sleep(wait) => {}
                 Ok(()) = needs.changed() => {}
+                Ok(()) = in_effect.changed() => {}
                 Ok(()) = namespaces.changed() => {}
                 Ok(()) = ca_bundle.changed() => {}
                 () = leader.changed() => {}
@@ -899,10 +960,14 @@ impl Duty for Webhooks {
                     .get(name)
                     .is_some_and(|l| l.get(&label).is_some_and(|v| v == "true") != *want)
             });
-            let wanted = fail_rule_namespaces(config, &inputs.rules);
+            let covered = inputs.covered(&in_effect.borrow_and_update());
+            let wanted = fail_rule_namespaces(config, &covered);
             let (add, remove) = label_changes(&label, &wanted, &labels, &pending);
             let desired_mutating =
-                desired_mutating(config, *budget, ca.as_deref(), &inputs.rules, served);
+                desired_mutating(config, *budget, ca.as_deref(), &covered, served);
+            // Every Ready rule served by the API server: no webhook at all.
+            let delete_mutating =
+                inputs.compiling && desired_mutating.webhooks.as_ref().is_none_or(Vec::is_empty);
             let desired_validating = desired_validating(config, ca.as_deref());
             let label_result = {
                 let writes: Vec<(String, bool)> = add
@@ -965,8 +1030,11 @@ impl Duty for Webhooks {
             }
             let result = async {
                 label_result?;
-                let wrote_mutating =
-                    reconcile(&mutating, &desired_mutating, "MutatingWebhookConfiguration").await;
+                let wrote_mutating = if delete_mutating {
+                    delete_configuration(&mutating, &config.webhook_configuration).await
+                } else {
+                    reconcile(&mutating, &desired_mutating, "MutatingWebhookConfiguration").await
+                };
                 let outcome = match &wrote_mutating {
                     Ok(true) => Some("applied"),
                     Ok(false) => None,

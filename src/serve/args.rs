@@ -158,6 +158,14 @@ pub struct ServeArgs {
     /// go over it is not Ready (`GateObjectQuotaExceeded`). ClusterMutationRules are exempt.
     #[arg(long, default_value_t = crate::controller::DEFAULT_MAX_GATE_OBJECTS_PER_NAMESPACE)]
     pub max_gate_objects_per_namespace: usize,
+    /// `auto`: a Ready rule that a MutatingAdmissionPolicy does exactly, and that no rule
+    /// before it may meet, is compiled to one and served by the API server itself (Kubernetes
+    /// 1.36+): no webhook call, and it keeps working while initium is down. The rule's
+    /// `ServedByAPIServer` condition says how it is served, or why not. `off`: every rule on
+    /// the webhook (policies an earlier run generated are deleted). See docs/rules.md,
+    /// "Served by the API server".
+    #[arg(long, env = "INITIUM_COMPILE_RULES", value_enum, default_value_t = crate::controller::CompileRules::Off)]
+    pub compile_rules: crate::controller::CompileRules,
 }
 
 impl ServeArgs {

@@ -183,6 +183,7 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     config.max_audit_events_per_namespace = args.max_audit_events_per_namespace as usize;
     config.max_lookups_per_namespace = args.max_lookups_per_namespace;
     config.max_gate_objects_per_namespace = args.max_gate_objects_per_namespace;
+    config.compile_rules = args.compile_rules;
     config.tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => TlsSource::files(
             cert,

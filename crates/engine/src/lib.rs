@@ -28,6 +28,7 @@ mod mutation;
 mod pace;
 mod parse;
 mod path;
+pub mod policy;
 mod prefilter;
 mod rule;
 mod scan;
