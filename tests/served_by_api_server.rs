@@ -217,12 +217,11 @@ async fn with_only_compilable_rules_initium_can_stop_and_pods_are_still_mutated(
         );
     }
     wait_served(&client, "ClusterMutationRule", None, &sidecar, "True").await;
-    let mut want = vec![
+    let want = [
         format!("{owner}.cmr.{sidecar}"),
         format!("{owner}.mr.{a}.team"),
         format!("{owner}.mr.{b}.team"),
     ];
-    want.sort();
     eventually("the generated policies", TIMEOUT, || async {
         let have = generated(&client, &owner).await;
         if want.iter().all(|w| have.contains(w)) {
