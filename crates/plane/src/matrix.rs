@@ -39,7 +39,7 @@ const fn suite(name: &'static str) -> Suite {
 }
 
 /// Every test binary that runs against a real API server.
-pub(crate) const SUITES: [Suite; 14] = [
+pub(crate) const SUITES: [Suite; 16] = [
     Suite {
         smoke: true,
         ..suite("apiserver_crds")
@@ -48,6 +48,9 @@ pub(crate) const SUITES: [Suite; 14] = [
         nodes: true,
         ..suite("cluster")
     },
+    // Rules compiled to MutatingAdmissionPolicies: on 1.34 and 1.35 (no v1 there) the tests
+    // check that every rule stays on the webhook and says why.
+    suite("compiled"),
     Suite {
         nodes: true,
         ..suite("control_plane_script")
@@ -85,6 +88,7 @@ pub(crate) const SUITES: [Suite; 14] = [
         smoke: true,
         ..suite("serve")
     },
+    suite("served_by_api_server"),
     suite("tenants"),
 ];
 
