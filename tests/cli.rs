@@ -775,3 +775,89 @@ spec:
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn check_compile_shows_how_each_rule_would_be_served_and_the_generated_policies() {
+    let out = initium(&["check", "--compile", "-r", "examples/sidecar/rules.yaml"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("# ClusterMutationRule envoy-sidecar: served by the API server (MutatingAdmissionPolicy initium.cmr.envoy-sidecar)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("# 2 of 2 rule(s) compile"), "{stdout}");
+    // What follows the comments is YAML kubectl applies: two policies, two bindings.
+    let docs: Vec<serde_json::Value> = stdout
+        .split("\n---\n")
+        .skip(1)
+        .map(|d| serde_saphyr::from_str(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "MutatingAdmissionPolicy",
+            "MutatingAdmissionPolicyBinding",
+            "MutatingAdmissionPolicy",
+            "MutatingAdmissionPolicyBinding"
+        ]
+    );
+    assert_eq!(docs[0]["spec"]["reinvocationPolicy"], "Never");
+
+    let out = initium(&[
+        "check",
+        "--compile",
+        "-r",
+        "examples/registry-mirror/rules.yaml",
+        "-r",
+        "examples/test-ca/rules.yaml",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(
+            "# ClusterMutationRule docker-hub-mirror: served by the webhook: spec.conditions[0]:"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "# MutationRule payments/test-certs: served by the webhook: spec.mutations[2].forEach:"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("# 0 of 2 rule(s) compile"), "{stdout}");
+    assert!(
+        !stdout.contains("kind: MutatingAdmissionPolicy"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn explain_compile_says_under_each_rule_how_it_would_be_served() {
+    let out = initium(&[
+        "explain",
+        "--compile",
+        "-r",
+        "examples/default-labels/rules.yaml",
+        "-r",
+        "examples/sidecar/rules.yaml",
+        "-f",
+        "examples/sidecar/objects.yaml",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(
+            "served by the API server: MutatingAdmissionPolicy initium.cmr.default-team-label"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("served by the webhook: spec.priority: ClusterMutationRule default-team-label comes before it and may act on the same objects"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("name: initium.cmr.default-team-label"),
+        "{stdout}"
+    );
+}

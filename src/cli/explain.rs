@@ -41,6 +41,12 @@ pub struct ExplainArgs {
     /// Also list, one per line, the rules written for other kinds (by default only counted).
     #[arg(long)]
     pub all: bool,
+    /// Also say, under each rule, whether `initium serve --compile-rules auto` would have the
+    /// API server serve it (and through which MutatingAdmissionPolicy) or the webhook (and
+    /// why), and print the generated policies and bindings at the end (as `initium check
+    /// --compile` does; kinds resolve from a table of common built-in kinds).
+    #[arg(long)]
+    pub compile: bool,
 }
 
 /// Runs `initium explain`.
@@ -72,6 +78,7 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write, err: &mut dyn Write) -> Resul
     extra.extend(objects.iter().cloned());
     let namespaces = namespace_labels(&extra);
     let lookups = lookup_store(&loaded.index, &extra, &args.namespace);
+    let serving = args.compile.then(|| serving(&loaded));
     let mut text = String::new();
     for doc in &objects {
         let (steps, _) = explain(
@@ -82,7 +89,23 @@ pub fn run(args: ExplainArgs, out: &mut dyn Write, err: &mut dyn Write) -> Resul
             &namespaces,
             &lookups,
         )?;
-        render(&mut text, doc, &steps, &sources, &loaded, args.all);
+        render(
+            &mut text,
+            doc,
+            &steps,
+            &sources,
+            &loaded,
+            args.all,
+            serving.as_ref(),
+        );
+    }
+    if let Some(serving) = &serving {
+        let generated = serving.values().filter_map(|s| s.generated());
+        let objects: Vec<&Value> = generated.flat_map(|g| [&g.policy, &g.binding]).collect();
+        if !objects.is_empty() {
+            text.push_str("# the generated MutatingAdmissionPolicies and bindings\n");
+            text.push_str(&super::output::yaml_documents(objects.into_iter())?);
+        }
     }
     out.write_all(text.as_bytes())
         .map_err(|e| Error::output("the explanation", e))
@@ -98,6 +121,23 @@ fn rule_sources(docs: &[Document], default_namespace: &str) -> HashMap<RuleId, V
         .collect()
 }
 
+/// How `--compile-rules auto` would serve each rule (offline settings: the installation
+/// `initium`, namespaces `initium-system` and `kube-system` left out).
+fn serving(loaded: &LoadedRules) -> BTreeMap<RuleId, initium_engine::policy::Serving> {
+    use initium_engine::policy::{BuiltinResources, PolicySettings, plan};
+    let settings = PolicySettings {
+        owner: "initium".into(),
+        excluded_namespaces: vec!["initium-system".into(), "kube-system".into()],
+    };
+    let specs: Vec<(RuleId, &initium_engine::api::RuleSpec)> = loaded
+        .sources
+        .iter()
+        .map(|s| (s.id.clone(), &s.spec))
+        .collect();
+    let served = plan(&specs, &BuiltinResources, &settings);
+    specs.into_iter().map(|(id, _)| id).zip(served).collect()
+}
+
 fn render(
     text: &mut String,
     doc: &Document,
@@ -105,6 +145,7 @@ fn render(
     sources: &HashMap<RuleId, Value>,
     loaded: &LoadedRules,
     all: bool,
+    serving: Option<&BTreeMap<RuleId, initium_engine::policy::Serving>>,
 ) {
     use std::fmt::Write as _;
     let _ = writeln!(text, "{} ({})", describe_object(&doc.value), doc.origin);
@@ -128,6 +169,20 @@ fn render(
             && let Some(value) = sources.get(&step.rule).and_then(|d| field_value(d, field))
         {
             let _ = writeln!(text, "      {field}: {value}");
+        }
+        match serving.and_then(|s| s.get(&step.rule)) {
+            Some(initium_engine::policy::Serving::ApiServer(generated)) => {
+                let _ = writeln!(
+                    text,
+                    "      served by the API server: MutatingAdmissionPolicy {}",
+                    generated.name
+                );
+            }
+            Some(initium_engine::policy::Serving::Webhook(reason)) => {
+                let reason = initium_engine::untrusted::escape(&reason.to_string()).into_owned();
+                let _ = writeln!(text, "      served by the webhook: {reason}");
+            }
+            None => {}
         }
     }
     if !other_kinds.is_empty() {
