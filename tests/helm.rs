@@ -409,8 +409,13 @@ fn every_value_changes_the_rendered_manifest() {
     tested.push("replicas");
     assert_eq!(find(&custom, "Deployment", name)["spec"]["replicas"], 3);
 
-    tested.extend(["budget", "excludedNamespaces", "extraArgs"]);
+    tested.extend(["budget", "excludedNamespaces", "extraArgs", "compileRules"]);
+    assert!(
+        !template_text(&[]).contains("--compile-rules=auto"),
+        "compiling rules is off unless asked for"
+    );
     for arg in [
+        "--compile-rules=auto",
         "--budget=750ms",
         "--exclude-namespace=kube-system",
         "--exclude-namespace=monitoring",
