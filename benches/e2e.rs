@@ -15,13 +15,27 @@
 //! | initium | bench-initium | an initium MutationRule |
 //! | initium-1000 | bench-initium-1000 | the same MutationRule, and 1,000 MutationRules for Pods in that namespace that do not match (labels, names, JSONPath conditions) |
 //! | kyverno | bench-kyverno | a Kyverno ClusterPolicy (`--kyverno`; see scripts/bench.d/kyverno) |
+//! | none-2 | bench-none-2 (second plane) | nothing: the baseline of the two below |
+//! | map-same | bench-map-same (second plane) | a hand-written MutatingAdmissionPolicy doing what initium-compiled's rule does |
+//! | initium-compiled | bench-initium-compiled (second plane) | a compilable MutationRule, served by the API server through the policy `initium serve --compile-rules auto` generated (no webhook) |
 //!
 //! The mutation (what examples/test-ca does): a `test-ca` Secret volume, its mount in every
-//! container, and an annotation with the Pod's namespace. Before measuring, one Pod per
-//! configuration is checked: mutated exactly where it should be.
+//! container, and an annotation with the Pod's namespace. A rule that mounts the volume in
+//! every container needs a forEach, which is not compiled: initium-compiled and map-same do
+//! the rest (the volume and the annotation). They run on a second control plane, with a second
+//! initium, so that neither initium sees the other's rules ([`compiled`] says why); their
+//! ratio is (initium-compiled − none-2) / (map-same − none-2). `--no-compiled` leaves them out.
+//! Before measuring, one Pod per configuration is checked: mutated exactly where it should be
+//! (and nothing of the mutation on a baseline's).
 //!
 //!     scripts/bench e2e --pods 500 --concurrency 4
 //!     cargo bench --bench e2e -- --pods 500 --concurrency 4
+//!
+//! With `--compiled-scale 10,100,1000`, instead: N compilable rules, one per namespace, served
+//! by the API server on one plane and by initium's webhook on another, for each N (see
+//! [`compiled`]).
+//!
+//!     scripts/bench e2e --compiled-scale 10,100,1000 --pods 1000 --runs 3
 //!
 //! With `--rollout`, the same configurations on a whole cluster (controller manager,
 //! scheduler, simulated nodes) time Deployments rolling out instead: see [`rollout`].
@@ -45,6 +59,9 @@ mod rollout;
 
 #[path = "e2e/apiserver.rs"]
 mod apiserver;
+
+#[path = "e2e/compiled.rs"]
+mod compiled;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -104,6 +121,17 @@ struct Args {
     /// initium from its image, installed by the Helm chart on a real node (root only).
     #[arg(long, conflicts_with_all = ["rollout", "kyverno"])]
     in_cluster: bool,
+    /// Leave out the compiled configurations (`none-2`, `map-same`, `initium-compiled`) and
+    /// their second control plane.
+    #[arg(long)]
+    no_compiled: bool,
+    /// Instead of the configurations: for each N of the list (e.g. `10,100,1000`), N
+    /// compilable MutationRules, one per namespace, served by the API server
+    /// (`--compile-rules auto`) on one control plane and by initium's webhook on another; Pod
+    /// CREATE latency in one of those namespaces. `--pods`, `--runs` etc. apply to each N.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["rollout", "in_cluster", "kyverno"],
+          value_parser = clap::value_parser!(u32).range(1..=5_000))]
+    compiled_scale: Vec<u32>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -127,32 +155,92 @@ struct Config {
     namespace: &'static str,
     /// Whether its Pods must come out mutated.
     mutates: bool,
+    /// Which mutation, when they must.
+    mutation: Mutation,
+    /// The control plane its namespace is on: 0, the benchmark's first; 1, the second (the
+    /// compiled configurations, or the webhook's in `--compiled-scale`).
+    plane: usize,
+    /// The configuration whose latency its added latency is over: `none` on its plane.
+    none: &'static str,
+}
+
+/// What a mutated Pod carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mutation {
+    /// examples/test-ca: the volume, its mount in every container, the annotation.
+    TestCa,
+    /// What a rule served by the API server can do of it: the volume and the annotation, no
+    /// mount (mounting in every container takes a forEach, which does not compile).
+    Same,
 }
 
 const NONE: Config = Config {
     name: "none",
     namespace: "bench-none",
     mutates: false,
+    mutation: Mutation::TestCa,
+    plane: 0,
+    none: "none",
 };
 const MAP: Config = Config {
     name: "map",
     namespace: "bench-map",
     mutates: true,
+    mutation: Mutation::TestCa,
+    plane: 0,
+    none: "none",
 };
 const INITIUM: Config = Config {
     name: "initium",
     namespace: "bench-initium",
     mutates: true,
+    mutation: Mutation::TestCa,
+    plane: 0,
+    none: "none",
 };
 const INITIUM_1000: Config = Config {
     name: "initium-1000",
     namespace: "bench-initium-1000",
     mutates: true,
+    mutation: Mutation::TestCa,
+    plane: 0,
+    none: "none",
 };
 const KYVERNO: Config = Config {
     name: "kyverno",
     namespace: "bench-kyverno",
     mutates: true,
+    mutation: Mutation::TestCa,
+    plane: 0,
+    none: "none",
+};
+
+/// The second control plane's baseline: nothing mutates its Pods (initium excludes it).
+const NONE_2: Config = Config {
+    name: "none-2",
+    namespace: "bench-none-2",
+    mutates: false,
+    mutation: Mutation::Same,
+    plane: 1,
+    none: "none-2",
+};
+/// A hand-written MutatingAdmissionPolicy doing what `initium-compiled`'s rule does.
+const MAP_SAME: Config = Config {
+    name: "map-same",
+    namespace: "bench-map-same",
+    mutates: true,
+    mutation: Mutation::Same,
+    plane: 1,
+    none: "none-2",
+};
+/// An initium MutationRule served by the API server, through the policy initium generated.
+const INITIUM_COMPILED: Config = Config {
+    name: "initium-compiled",
+    namespace: "bench-initium-compiled",
+    mutates: true,
+    mutation: Mutation::Same,
+    plane: 1,
+    none: "none-2",
 };
 
 /// The MutatingAdmissionPolicy doing what the initium rule does, bound to `bench-map` by label;
@@ -272,27 +360,70 @@ fn pod(name: &str) -> Result<Pod> {
     serde_json::from_value(value).context("the benchmark's Pod")
 }
 
+/// What of the mutation a stored Pod carries.
+struct Parts {
+    /// The `test-ca` Secret volume.
+    volume: bool,
+    /// Its mount in every container.
+    mounts: bool,
+    /// Its mount in some container.
+    any_mount: bool,
+    /// The annotation with the Pod's namespace.
+    annotation: bool,
+}
+
+impl Parts {
+    fn of(pod: &Pod, namespace: &str) -> Parts {
+        let Some(spec) = &pod.spec else {
+            return Parts {
+                volume: false,
+                mounts: false,
+                any_mount: false,
+                annotation: false,
+            };
+        };
+        let volume = spec.volumes.iter().flatten().any(|v| {
+            v.name == "test-ca"
+                && v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some("test-ca")
+        });
+        let mounted = |c: &k8s_openapi::api::core::v1::Container| {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == "test-ca" && m.mount_path == "/etc/ssl/test")
+        };
+        let annotation = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("certs.example.com/namespace"))
+            .map(String::as_str)
+            == Some(namespace);
+        Parts {
+            volume,
+            mounts: spec.containers.iter().all(mounted),
+            any_mount: spec.containers.iter().any(mounted),
+            annotation,
+        }
+    }
+}
+
 /// Whether a stored Pod carries the mutation (volume, mounts in every container, annotation).
 fn is_mutated(pod: &Pod, namespace: &str) -> bool {
-    let Some(spec) = &pod.spec else { return false };
-    let volume = spec.volumes.iter().flatten().any(|v| {
-        v.name == "test-ca"
-            && v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some("test-ca")
-    });
-    let mounts = spec.containers.iter().all(|c| {
-        c.volume_mounts
-            .iter()
-            .flatten()
-            .any(|m| m.name == "test-ca" && m.mount_path == "/etc/ssl/test")
-    });
-    let annotation = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get("certs.example.com/namespace"))
-        .map(String::as_str)
-        == Some(namespace);
-    volume && mounts && annotation
+    let parts = Parts::of(pod, namespace);
+    parts.volume && parts.mounts && parts.annotation
+}
+
+/// Whether a stored Pod is mutated exactly as its configuration says: nothing of the mutation
+/// on a baseline's Pods; all of examples/test-ca's; or, for [`Mutation::Same`], the volume
+/// and the annotation and no mount.
+fn as_wanted(pod: &Pod, config: &Config) -> bool {
+    let parts = Parts::of(pod, config.namespace);
+    match (config.mutates, config.mutation) {
+        (false, _) => !parts.volume && !parts.any_mount && !parts.annotation,
+        (true, Mutation::TestCa) => parts.volume && parts.mounts && parts.annotation,
+        (true, Mutation::Same) => parts.volume && !parts.any_mount && parts.annotation,
+    }
 }
 
 fn run(args: &Args) -> Result<()> {
@@ -301,10 +432,15 @@ fn run(args: &Args) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    if !args.compiled_scale.is_empty() {
+        return compiled::scale(args, &runtime);
+    }
     let mut configs = vec![NONE, MAP, INITIUM, INITIUM_1000];
     if args.kyverno {
         configs.push(KYVERNO);
     }
+    // The compiled configurations: Pod CREATEs with initium beside the plane only.
+    let with_compiled = !args.rollout && !args.in_cluster && !args.no_compiled;
 
     let kyverno_script = root().join("scripts/bench.d/kyverno");
     if args.kyverno {
@@ -364,6 +500,16 @@ fn run(args: &Args) -> Result<()> {
 
     let log = std::env::temp_dir().join(format!("initium-bench-e2e-{}.log", std::process::id()));
     let mut extra = vec!["--exclude-namespace".to_string(), "kube-system".to_string()];
+    // Every rule of initium-1000 Ready: it has `--other-rules` + 1 (past the default quota of
+    // 1,000 per namespace), and initium counts each of the third with a regular expression at
+    // about 1 MiB against --max-rule-bytes-per-namespace (64 MiB by default), which would
+    // leave some 270 of them QuotaExceeded.
+    extra.extend([
+        "--max-rules-per-namespace".into(),
+        (args.other_rules + 1).max(1000).to_string(),
+        "--max-rule-bytes-per-namespace".into(),
+        "32Gi".into(),
+    ]);
     for config in &configs {
         if !config.name.starts_with("initium") {
             extra.push("--exclude-namespace".into());
@@ -406,6 +552,18 @@ fn run(args: &Args) -> Result<()> {
                 .ok_or_else(|| format!("{ready} of {want} rules Ready")))
         },
     )?;
+    // The compiled configurations on a control plane of their own (see the module doc).
+    let second = if with_compiled {
+        Some(compiled::Second::start(&runtime)?)
+    } else {
+        None
+    };
+    let mut clients = vec![client.clone()];
+    let mut measured_configs = configs.clone();
+    if let Some(second) = &second {
+        clients.push(second.client.clone());
+        measured_configs.extend([NONE_2, MAP_SAME, INITIUM_COMPILED]);
+    }
 
     if args.rollout {
         // With nodes, the ServiceAccount admission plugin rejects Pods until the namespace's
@@ -413,25 +571,8 @@ fn run(args: &Args) -> Result<()> {
         rollout::service_accounts(&runtime, &client, &configs)?;
     }
     // Each configuration in effect: a dry-run Pod comes back mutated exactly where it should.
-    for config in &configs {
-        poll(
-            &format!("the {} configuration to take effect", config.name),
-            Duration::from_secs(120),
-            Duration::from_millis(500),
-            || {
-                let api: Api<Pod> = Api::namespaced(client.clone(), config.namespace);
-                let created = runtime.block_on(api.create(
-                    &PostParams {
-                        dry_run: true,
-                        ..PostParams::default()
-                    },
-                    &pod("dry-run")?,
-                ))?;
-                Ok((is_mutated(&created, config.namespace) == config.mutates)
-                    .then_some(())
-                    .ok_or_else(|| format!("a dry-run Pod came back as {:?}", created.metadata)))
-            },
-        )?;
+    for config in &measured_configs {
+        dry_run_as_wanted(&runtime, &clients[config.plane], config)?;
     }
     eprintln!("bench: every configuration is in effect");
 
@@ -447,9 +588,18 @@ fn run(args: &Args) -> Result<()> {
     } else {
         let mut runs = Vec::new();
         for run in 0..args.runs {
+            let started = Instant::now();
             let before = apiserver::Snapshot::read(&plane)?;
-            let latencies = runtime.block_on(measure(args, &client, &configs, run))?;
+            let before_2 = second
+                .as_ref()
+                .map(|s| compiled::Metrics::read(&s.plane))
+                .transpose()?;
+            let latencies = runtime.block_on(measure(args, &clients, &measured_configs, run))?;
             let after = apiserver::Snapshot::read(&plane)?;
+            let after_2 = second
+                .as_ref()
+                .map(|s| compiled::Metrics::read(&s.plane))
+                .transpose()?;
             // Every Pod created in a configuration's namespace, warm-up included.
             let created = |name: &str| {
                 latencies
@@ -463,10 +613,30 @@ fn run(args: &Args) -> Result<()> {
                 created(INITIUM.name) + created(INITIUM_1000.name),
                 created(MAP.name),
             );
+            let second_view = match (&second, before_2, after_2) {
+                (Some(second), Some(before), Some(after)) => Some(compiled::SecondView::between(
+                    &before,
+                    &after,
+                    created(MAP_SAME.name),
+                    created(INITIUM_COMPILED.name),
+                    &second.policy,
+                )),
+                _ => None,
+            };
+            let seconds = started.elapsed().as_secs_f64();
             if args.runs > 1 {
-                eprintln!("bench: run {} of {} measured", run + 1, args.runs);
+                eprintln!(
+                    "bench: run {} of {} measured in {seconds:.0}s",
+                    run + 1,
+                    args.runs
+                );
             }
-            runs.push((latencies, admission));
+            runs.push(CreateRun {
+                latencies,
+                admission,
+                second: second_view,
+                seconds,
+            });
         }
         Measured::Creates(runs)
     };
@@ -476,16 +646,53 @@ fn run(args: &Args) -> Result<()> {
             Some(k) => Some(memory(k.child.id())?.peak_kib),
             None => None,
         },
+        initium_compiled_peak_kib: match &second {
+            Some(s) => Some(s.initium.memory()?.peak_kib),
+            None => None,
+        },
     };
+    let policy = second.as_ref().map(|s| s.policy.clone());
+    drop(second);
     drop(kyverno);
     drop(initium);
     drop(plane);
     match measured {
-        Measured::Creates(runs) => report(args, &configs, runs, memory),
+        Measured::Creates(runs) => report(args, &measured_configs, runs, memory, policy),
         Measured::Rollouts(seconds, admission) => {
             rollout::report(args, &configs, &seconds, &memory, &admission)
         }
     }
+}
+
+/// Waits until a dry-run Pod in the configuration's namespace comes back mutated exactly as
+/// the configuration says (its rule or policy in effect).
+fn dry_run_as_wanted(
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    config: &Config,
+) -> Result<()> {
+    poll(
+        &format!("the {} configuration to take effect", config.name),
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || {
+            let api: Api<Pod> = Api::namespaced(client.clone(), config.namespace);
+            let created = runtime.block_on(api.create(
+                &PostParams {
+                    dry_run: true,
+                    ..PostParams::default()
+                },
+                &pod("dry-run")?,
+            ))?;
+            Ok(as_wanted(&created, config).then_some(()).ok_or_else(|| {
+                format!(
+                    "a dry-run Pod came back as {:?}, volumes {:?}",
+                    created.metadata,
+                    created.spec.as_ref().map(|s| &s.volumes)
+                )
+            }))
+        },
+    )
 }
 
 /// initium as the benchmark runs it: a process beside the plane, or the Pods of the chart.
@@ -600,14 +807,27 @@ fn initium_pids() -> Vec<u32> {
 /// What a run measured: Pod CREATE latencies (one set per `--runs`, with the API server's
 /// view of each), or Deployment rollout times (`--rollout`).
 enum Measured {
-    Creates(Vec<(Latencies, apiserver::Admission)>),
+    Creates(Vec<CreateRun>),
     Rollouts(rollout::Rollouts, apiserver::Admission),
+}
+
+/// One of `--runs` measurements of Pod CREATEs.
+struct CreateRun {
+    latencies: Latencies,
+    /// The first plane's API server's view.
+    admission: apiserver::Admission,
+    /// The second plane's (the compiled configurations'), if any.
+    second: Option<compiled::SecondView>,
+    /// Its wall-clock time.
+    seconds: f64,
 }
 
 /// Peak resident memory of the webhook servers over the run (VmHWM).
 struct Memory {
     initium_peak_kib: u64,
     kyverno_peak_kib: Option<u64>,
+    /// The second `initium serve` (`--compile-rules auto`), if any.
+    initium_compiled_peak_kib: Option<u64>,
 }
 
 impl Memory {
@@ -712,7 +932,7 @@ type Latencies = BTreeMap<&'static str, Vec<u32>>;
 /// One run; `run` keeps Pod names of different runs apart (Pods are not deleted).
 async fn measure(
     args: &Args,
-    client: &kube::Client,
+    clients: &[kube::Client],
     configs: &[Config],
     run: u32,
 ) -> Result<Latencies> {
@@ -724,7 +944,7 @@ async fn measure(
         let first = round as usize % configs.len();
         for i in 0..configs.len() {
             let config = &configs[(first + i) % configs.len()];
-            let api: Api<Pod> = Api::namespaced(client.clone(), config.namespace);
+            let api: Api<Pod> = Api::namespaced(clients[config.plane].clone(), config.namespace);
             let names: Vec<String> = (0..args.batch)
                 .map(|_| {
                     serial += 1;
@@ -751,16 +971,13 @@ async fn measure(
                 .await;
             for result in results {
                 let (micros, created) = result?;
-                if is_mutated(&created, config.namespace) != config.mutates {
+                if !as_wanted(&created, config) {
                     bail!(
-                        "Pod {}/{} was {} mutated",
+                        "Pod {}/{} was not mutated as the {} configuration does: {:?}",
                         config.namespace,
-                        created.metadata.name.unwrap_or_default(),
-                        if config.mutates {
-                            "not"
-                        } else {
-                            "unexpectedly"
-                        }
+                        created.metadata.name.clone().unwrap_or_default(),
+                        config.name,
+                        created.metadata.annotations
                     );
                 }
                 if round >= warmup_rounds
@@ -777,47 +994,49 @@ async fn measure(
     Ok(measured)
 }
 
-/// One run's figures: per configuration its percentiles, and the ratios of added times.
+/// One run's figures: per configuration its percentiles, and what it adds over its `none`.
 struct RunFigures {
     stats: BTreeMap<&'static str, Percentiles>,
-    /// (initium − none) / (map − none), p50 and mean.
-    ratio_map: (f64, f64),
-    /// (initium-1000 − none) / (initium − none), p50 and mean.
-    ratio_1000: (f64, f64),
+    /// Configuration → the configuration its added time is over.
+    nones: BTreeMap<&'static str, &'static str>,
+}
+
+/// A figure of a configuration's latencies, in ms.
+type Figure = dyn Fn(&Percentiles) -> f64;
+
+fn p50(s: &Percentiles) -> f64 {
+    s.ms(0.5)
+}
+
+fn mean(s: &Percentiles) -> f64 {
+    s.mean_ms()
 }
 
 impl RunFigures {
-    fn new(measured: Latencies) -> Result<RunFigures> {
-        let stats: BTreeMap<&'static str, Percentiles> = measured
+    fn new(measured: Latencies, configs: &[Config]) -> RunFigures {
+        let stats = measured
             .into_iter()
             .map(|(name, samples)| (name, Percentiles::new(samples)))
             .collect();
-        let get = |name: &str| stats.get(name).context("missing configuration");
-        let (none, map, initium, many) = (
-            get(NONE.name)?,
-            get(MAP.name)?,
-            get(INITIUM.name)?,
-            get(INITIUM_1000.name)?,
-        );
-        let over = |f: &dyn Fn(&Percentiles) -> f64, a: &Percentiles, b: &Percentiles| {
-            (f(a) - f(none)) / (f(b) - f(none))
-        };
-        let p50 = |s: &Percentiles| s.ms(0.5);
-        let mean = |s: &Percentiles| s.mean_ms();
-        let ratio_map = (over(&p50, initium, map), over(&mean, initium, map));
-        let ratio_1000 = (over(&p50, many, initium), over(&mean, many, initium));
-        Ok(RunFigures {
-            stats,
-            ratio_map,
-            ratio_1000,
-        })
+        let nones = configs.iter().map(|c| (c.name, c.none)).collect();
+        RunFigures { stats, nones }
     }
 
-    fn added(&self, name: &str, f: &dyn Fn(&Percentiles) -> f64) -> f64 {
-        match (self.stats.get(name), self.stats.get(NONE.name)) {
+    /// What `name` adds over its `none` (NaN if either is missing).
+    fn added(&self, name: &str, f: &Figure) -> f64 {
+        let none = self.nones.get(name).and_then(|n| self.stats.get(n));
+        match (self.stats.get(name), none) {
             (Some(s), Some(none)) => f(s) - f(none),
             _ => f64::NAN,
         }
+    }
+
+    /// (a − its none) / (b − its none), p50 and mean.
+    fn ratio(&self, a: &str, b: &str) -> (f64, f64) {
+        (
+            self.added(a, &p50) / self.added(b, &p50),
+            self.added(a, &mean) / self.added(b, &mean),
+        )
     }
 }
 
@@ -893,8 +1112,9 @@ fn served_line() -> String {
 fn report(
     args: &Args,
     configs: &[Config],
-    runs: Vec<(Latencies, apiserver::Admission)>,
+    runs: Vec<CreateRun>,
     memory: Memory,
+    policy: Option<String>,
 ) -> Result<()> {
     println!("e2e benchmark: {}", machine());
     println!("  {}", served_line());
@@ -907,28 +1127,36 @@ fn report(
             "  initium in cluster: its image, installed by the Helm chart on a real node, 2 replicas called through their Service"
         );
     }
+    let compiled = configs.iter().any(|c| c.name == INITIUM_COMPILED.name);
+    if let Some(policy) = policy.as_ref().filter(|_| compiled) {
+        println!(
+            "  on a second control plane: initium-compiled, its MutationRule served by the API server through the MutatingAdmissionPolicy {policy} initium generated (--compile-rules auto; no webhook configuration); map-same, a hand-written policy doing the same (the test-ca volume, the annotation); none-2, their baseline"
+        );
+    }
     let mut figures = Vec::new();
     let mut runs_json = Vec::new();
-    for (n, (measured, admission)) in runs.into_iter().enumerate() {
-        let run = RunFigures::new(measured)?;
+    let mut compiled_webhook_calls = 0.0;
+    for (n, run) in runs.into_iter().enumerate() {
+        let figure = RunFigures::new(run.latencies, configs);
         if args.runs > 1 {
-            println!("  run {}:", n + 1);
+            println!("  run {} ({:.0} s):", n + 1, run.seconds);
         }
         let mut configs_json = serde_json::Map::new();
         for config in configs {
-            let s = run
+            let s = figure
                 .stats
                 .get(config.name)
                 .context("missing configuration")?;
             println!(
-                "  {:<13} mean {:6.3} ms  p50 {:6.3} ms  p90 {:6.3} ms  p99 {:6.3} ms  (+{:.3} ms p50, +{:.3} ms mean over none)",
+                "  {:<16} mean {:6.3} ms  p50 {:6.3} ms  p90 {:6.3} ms  p99 {:6.3} ms  (+{:.3} ms p50, +{:.3} ms mean over {})",
                 config.name,
                 s.mean_ms(),
                 s.ms(0.5),
                 s.ms(0.9),
                 s.ms(0.99),
-                run.added(config.name, &|s| s.ms(0.5)),
-                run.added(config.name, &|s| s.mean_ms()),
+                figure.added(config.name, &p50),
+                figure.added(config.name, &mean),
+                config.none,
             );
             configs_json.insert(
                 config.name.to_string(),
@@ -941,37 +1169,61 @@ fn report(
                 }),
             );
         }
+        let ratio_map = figure.ratio(INITIUM.name, MAP.name);
+        let ratio_1000 = figure.ratio(INITIUM_1000.name, INITIUM.name);
         println!(
             "  overhead ratio (initium - none) / (map - none): p50 {:.2}, mean {:.2}",
-            run.ratio_map.0, run.ratio_map.1
+            ratio_map.0, ratio_map.1
         );
         println!(
             "  overhead ratio (initium-1000 - none) / (initium - none): p50 {:.2}, mean {:.2}",
-            run.ratio_1000.0, run.ratio_1000.1
+            ratio_1000.0, ratio_1000.1
         );
-        admission.print();
-        runs_json.push(json!({
+        let ratio_compiled = compiled.then(|| figure.ratio(INITIUM_COMPILED.name, MAP_SAME.name));
+        if let Some((p, m)) = ratio_compiled {
+            println!(
+                "  overhead ratio (initium-compiled - none-2) / (map-same - none-2): p50 {p:.2}, mean {m:.2}"
+            );
+        }
+        run.admission.print();
+        if let Some(second) = &run.second {
+            second.print();
+            compiled_webhook_calls += second.webhook_calls;
+        }
+        let mut run_json = json!({
+            "seconds": round(run.seconds, 1),
             "configs": configs_json,
-            "overhead_ratio_p50": round(run.ratio_map.0, 2),
-            "overhead_ratio_mean": round(run.ratio_map.1, 2),
-            "overhead_ratio_1000_p50": round(run.ratio_1000.0, 2),
-            "overhead_ratio_1000_mean": round(run.ratio_1000.1, 2),
-            "apiserver": admission.json(),
-        }));
-        figures.push(run);
+            "overhead_ratio_p50": round(ratio_map.0, 2),
+            "overhead_ratio_mean": round(ratio_map.1, 2),
+            "overhead_ratio_1000_p50": round(ratio_1000.0, 2),
+            "overhead_ratio_1000_mean": round(ratio_1000.1, 2),
+            "apiserver": run.admission.json(),
+        });
+        if let Some((p, m)) = ratio_compiled {
+            run_json["overhead_ratio_compiled_p50"] = json!(round(p, 2));
+            run_json["overhead_ratio_compiled_mean"] = json!(round(m, 2));
+        }
+        if let Some(second) = &run.second {
+            run_json["apiserver_2"] = second.json();
+        }
+        runs_json.push(run_json);
+        figures.push(figure);
     }
     let med = |f: &dyn Fn(&RunFigures) -> f64| median(figures.iter().map(f).collect());
-    let ratio_p50 = med(&|r| r.ratio_map.0);
-    let ratio_mean = med(&|r| r.ratio_map.1);
-    let ratio_1000_p50 = med(&|r| r.ratio_1000.0);
-    let ratio_1000_mean = med(&|r| r.ratio_1000.1);
+    let ratio_p50 = med(&|r| r.ratio(INITIUM.name, MAP.name).0);
+    let ratio_mean = med(&|r| r.ratio(INITIUM.name, MAP.name).1);
+    let ratio_1000_p50 = med(&|r| r.ratio(INITIUM_1000.name, INITIUM.name).0);
+    let ratio_1000_mean = med(&|r| r.ratio(INITIUM_1000.name, INITIUM.name).1);
     let mut added = serde_json::Map::new();
-    println!("  median over {} run(s), added over none:", figures.len());
-    for config in configs.iter().filter(|c| c.name != NONE.name) {
-        let p50 = med(&|r| r.added(config.name, &|s| s.ms(0.5)));
-        let mean = med(&|r| r.added(config.name, &|s| s.mean_ms()));
+    println!(
+        "  median over {} run(s), added over none (none-2 on the second plane):",
+        figures.len()
+    );
+    for config in configs.iter().filter(|c| c.name != c.none) {
+        let p50 = med(&|r| r.added(config.name, &p50));
+        let mean = med(&|r| r.added(config.name, &mean));
         println!(
-            "    {:<13} +{p50:.3} ms p50  +{mean:.3} ms mean",
+            "    {:<16} +{p50:.3} ms p50  +{mean:.3} ms mean",
             config.name
         );
         added.insert(
@@ -985,8 +1237,23 @@ fn report(
     println!(
         "  overhead ratio (initium-1000 - none) / (initium - none): median p50 {ratio_1000_p50:.2}, mean {ratio_1000_mean:.2} (goal <= 1.2)"
     );
+    let ratio_compiled = compiled.then(|| {
+        (
+            med(&|r| r.ratio(INITIUM_COMPILED.name, MAP_SAME.name).0),
+            med(&|r| r.ratio(INITIUM_COMPILED.name, MAP_SAME.name).1),
+        )
+    });
+    if let Some((p, m)) = ratio_compiled {
+        println!(
+            "  overhead ratio (initium-compiled - none-2) / (map-same - none-2): median p50 {p:.2}, mean {m:.2} (goal <= 1.05); initium's webhook called {compiled_webhook_calls:.0} times on the second plane"
+        );
+    }
     let (initium_mib, kyverno_mib) = memory.print_peaks();
-    let line = json!({
+    let compiled_mib = memory.initium_compiled_peak_kib.map(mib);
+    if let Some(m) = compiled_mib {
+        println!("  peak memory (VmHWM): initium --compile-rules auto (second plane) {m:.1} MiB");
+    }
+    let mut line = json!({
         "bench": "e2e",
         "in_cluster": args.in_cluster,
         "pods": args.pods,
@@ -1005,6 +1272,14 @@ fn report(
         "initium_peak_rss_mib": round(initium_mib, 1),
         "kyverno_peak_rss_mib": kyverno_mib.map(|k| round(k, 1)),
     });
+    if let Some((p, m)) = ratio_compiled {
+        line["compiled_policy"] = json!(policy);
+        line["overhead_ratio_compiled_p50"] = json!(round(p, 2));
+        line["overhead_ratio_compiled_mean"] = json!(round(m, 2));
+        line["goal_compiled_met"] = json!(p <= 1.05 && m <= 1.05);
+        line["compiled_webhook_calls"] = json!(compiled_webhook_calls);
+        line["initium_compiled_peak_rss_mib"] = json!(compiled_mib.map(|m| round(m, 1)));
+    }
     println!("{line}");
     Ok(())
 }

@@ -1175,3 +1175,372 @@ pub fn hostile_yaml(rng: &mut Rng) -> String {
         _ => "---\n".repeat(rng.range(10, 50_000)),
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rules the policy compiler accepts, and objects they meet (tests/compiled.rs)
+//
+// `rule` above rarely writes a rule that `initium_engine::policy` compiles to a
+// MutatingAdmissionPolicy (one `forEach`, `patch` or non-namespace template is enough to keep it
+// on the webhook). These write mostly what it compiles: `merge`, `defaults` and `upsert` with
+// literal values or `{{ $.metadata.namespace }}`, label, annotation and name selectors, `exists`
+// conditions on plain paths, on Pods, Deployments and ConfigMaps; and objects drawn from the
+// same small vocabulary, so that selectors match and mutations meet fields already there
+// (sometimes holding exactly what the rule writes).
+
+const C_LABEL_KEYS: &[&str] = &["app", "team", "tier", "app.kubernetes.io/name"];
+const C_LABEL_VALUES: &[&str] = &["web", "api", "shop", "v1"];
+const C_ANNOTATION_KEYS: &[&str] = &["a", "sidecar.initium.dev/inject", "example.com/note"];
+const C_ANNOTATION_VALUES: &[&str] = &["envoy", "yes", "", "x-y"];
+const C_NAMES: &[&str] = &["web", "api", "web-1", "debug-shell", "x"];
+const C_NAME_GLOBS: &[&str] = &["web*", "*-1", "?pi", "w?b-*", "debug-*", "*", "x"];
+const NAMESPACE_TEMPLATE: &str = "{{ $.metadata.namespace }}";
+
+/// A string value: literal, or the object's namespace in a template.
+fn c_string(rng: &mut Rng, literals: &[&str]) -> Value {
+    match rng.below(6) {
+        0 => json!(NAMESPACE_TEMPLATE),
+        1 => json!(format!("ns-{NAMESPACE_TEMPLATE}")),
+        2 => json!(format!("{NAMESPACE_TEMPLATE}.svc")),
+        _ => json!(*rng.pick(literals)),
+    }
+}
+
+/// `{key: value, ...}` of labels or annotations; `nulls` lets values be `null` (a merge that
+/// removes the key).
+fn c_meta_map(rng: &mut Rng, keys: &[&str], values: &[&str], nulls: bool) -> Value {
+    let mut map = Map::new();
+    for _ in 0..rng.range(1, 2) {
+        let v = if nulls && rng.chance(20) {
+            Value::Null
+        } else {
+            c_string(rng, values)
+        };
+        map.insert(rng.pick(keys).to_string(), v);
+    }
+    Value::Object(map)
+}
+
+/// Containers a rule adds and objects already hold (some equal, some differing in one field).
+fn c_container(rng: &mut Rng) -> Value {
+    match rng.below(5) {
+        0 => json!({"name": "envoy", "image": "envoyproxy/envoy:v1.31.0",
+                    "ports": [{"name": "admin", "containerPort": 9901}]}),
+        1 => json!({"name": "envoy", "image": "envoyproxy/envoy:v1.30.0"}),
+        2 => json!({"name": "agent", "image": "busybox", "args": ["sleep", "3600"],
+                    "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}}),
+        3 => json!({"name": "app", "image": "registry.example.com/app:2",
+                    "env": [{"name": "NS", "value": NAMESPACE_TEMPLATE}]}),
+        _ => json!({"name": "app", "image": "nginx", "imagePullPolicy": "Always",
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File"}),
+    }
+}
+
+fn c_volume(rng: &mut Rng) -> Value {
+    match rng.below(4) {
+        0 => json!({"name": "data", "emptyDir": {}}),
+        1 => json!({"name": "cfg", "configMap": {"name": "cfg"}}),
+        2 => json!({"name": "cfg", "configMap": {"name": "cfg", "defaultMode": 420}}),
+        _ => json!({"name": "ca", "secret": {"secretName": "ca-{{ $.metadata.namespace }}"}}),
+    }
+}
+
+fn c_toleration(rng: &mut Rng) -> Value {
+    match rng.below(3) {
+        0 => {
+            json!({"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"})
+        }
+        1 => json!({"key": "dedicated", "operator": "Exists"}),
+        _ => {
+            json!({"key": "gpu", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60})
+        }
+    }
+}
+
+/// A label selector over the vocabulary, with every operator.
+fn c_selector(rng: &mut Rng) -> Value {
+    let mut s = Map::new();
+    if rng.chance(60) {
+        s.insert(
+            "matchLabels".into(),
+            json!({ rng.pick(C_LABEL_KEYS).to_string(): rng.pick(C_LABEL_VALUES).to_string() }),
+        );
+    }
+    if s.is_empty() || rng.chance(40) {
+        let op = *rng.pick(&["In", "NotIn", "Exists", "DoesNotExist"]);
+        let mut e = json!({"key": rng.pick(C_LABEL_KEYS), "operator": op});
+        if matches!(op, "In" | "NotIn") {
+            let values: Vec<&str> = (0..rng.range(1, 2))
+                .map(|_| *rng.pick(C_LABEL_VALUES))
+                .collect();
+            e["values"] = json!(values);
+        }
+        s.insert("matchExpressions".into(), json!([e]));
+    }
+    Value::Object(s)
+}
+
+/// What the rule's kinds have in common: a Pod spec (`Pod`, `Deployment`'s template), `data`
+/// (`ConfigMap`), or only metadata (`Any`).
+#[derive(Clone, Copy, PartialEq)]
+enum CShape {
+    Pod,
+    Deployment,
+    ConfigMap,
+    Any,
+}
+
+/// One mutation for objects of `shape`.
+fn c_mutation(rng: &mut Rng, shape: CShape) -> Value {
+    let pod_spec = match shape {
+        CShape::Pod => Some(vec!["spec"]),
+        CShape::Deployment => Some(vec!["spec", "template", "spec"]),
+        _ => None,
+    };
+    let nest = |path: &[&str], leaf: Value| -> Value {
+        path.iter()
+            .rev()
+            .fold(leaf, |inner, key| json!({ key.to_string(): inner }))
+    };
+    let verb = if rng.chance(50) { "merge" } else { "defaults" };
+    let nulls = verb == "merge";
+    let choice = rng.below(10);
+    match (choice, &pod_spec, shape) {
+        (0 | 1, _, _) => {
+            json!({ verb: {"metadata": {"labels": c_meta_map(rng, C_LABEL_KEYS, C_LABEL_VALUES, nulls)}} })
+        }
+        (2, _, _) => {
+            json!({ verb: {"metadata": {"annotations": c_meta_map(rng, C_ANNOTATION_KEYS, C_ANNOTATION_VALUES, nulls)}} })
+        }
+        (3 | 4, Some(spec), _) => {
+            let list = *rng.pick(&["containers", "volumes", "tolerations", "imagePullSecrets"]);
+            let (key, value) = match list {
+                "containers" => ("name", c_container(rng)),
+                "volumes" => ("name", c_volume(rng)),
+                "tolerations" => ("key", c_toleration(rng)),
+                _ => (
+                    "name",
+                    json!({"name": c_string(rng, &["pull", "registry"])}),
+                ),
+            };
+            let mut upsert =
+                json!({"path": format!("/{}/{list}", spec.join("/")), "key": key, "value": value});
+            if rng.chance(30) {
+                upsert["position"] = json!("Prepend");
+            }
+            json!({ "upsert": upsert })
+        }
+        (5, Some(spec), _) => {
+            let leaf = match rng.below(4) {
+                0 => json!({"securityContext": {"runAsNonRoot": true, "runAsUser": 1000}}),
+                1 => json!({"nodeSelector": c_meta_map(rng, C_LABEL_KEYS, C_LABEL_VALUES, nulls)}),
+                2 => json!({"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}),
+                // Fields the API server defaults before admission.
+                _ => json!({"terminationGracePeriodSeconds": 10, "dnsPolicy": "Default"}),
+            };
+            json!({ verb: nest(spec, leaf) })
+        }
+        (6, _, CShape::Deployment) => {
+            let leaf = match rng.below(3) {
+                0 => json!({"replicas": rng.range(0, 5)}),
+                1 => json!({"minReadySeconds": 5, "revisionHistoryLimit": 3}),
+                _ => {
+                    json!({"template": {"metadata": {"labels": c_meta_map(rng, &["tier", "team"], C_LABEL_VALUES, nulls)}}})
+                }
+            };
+            json!({ verb: {"spec": leaf} })
+        }
+        (6, _, CShape::ConfigMap) => {
+            json!({ verb: {"data": c_meta_map(rng, &["x", "y", "config.yaml"], &["1", "on"], nulls)} })
+        }
+        (7, _, _) => {
+            // A field the kind does not have: pruned, or refused, alike on every path?
+            json!({ verb: {"spec": {"extra": {"flag": true}}} })
+        }
+        (8, _, _) if rng.chance(50) => {
+            // An empty object, and a list of scalars.
+            json!({ verb: {"spec": {"x": ["a", 1, true], "y": {}}} })
+        }
+        _ => json!({ "merge": {"metadata": {"labels": {"team": c_string(rng, C_LABEL_VALUES)}}} }),
+    }
+}
+
+fn c_match(rng: &mut Rng, kinds: Value, exclude: bool) -> Value {
+    let mut m = Map::new();
+    if !exclude {
+        m.insert("kinds".into(), kinds);
+        if rng.chance(15) {
+            m.insert(
+                "operations".into(),
+                json!(*rng.pick(&[&["CREATE"][..], &["CREATE", "UPDATE"][..]])),
+            );
+        }
+    } else if rng.chance(20) {
+        m.insert("operations".into(), json!(["UPDATE"]));
+    } else if rng.chance(20) {
+        m.insert("kinds".into(), json!([*rng.pick(&["ConfigMap", "Pod"])]));
+    }
+    if rng.chance(if exclude { 40 } else { 30 }) {
+        let names: Vec<&str> = (0..rng.range(1, 2))
+            .map(|_| *rng.pick(C_NAME_GLOBS))
+            .collect();
+        m.insert("names".into(), json!(names));
+    }
+    if rng.chance(if exclude { 40 } else { 25 }) {
+        m.insert("labels".into(), c_selector(rng));
+    }
+    if rng.chance(if exclude { 30 } else { 20 }) {
+        let glob = *rng.pick(&["*", "envoy", "y*", "*-y", "?"]);
+        m.insert(
+            "annotations".into(),
+            json!({ rng.pick(C_ANNOTATION_KEYS).to_string(): glob }),
+        );
+    }
+    if exclude && m.is_empty() {
+        m.insert("names".into(), json!(["debug-*"]));
+    }
+    Value::Object(m)
+}
+
+/// A MutationRule (namespace `default`; callers give it its own) that the policy compiler
+/// mostly accepts.
+#[allow(dead_code)] // tests/compiled.rs uses it, tests/fuzz.rs does not
+pub fn compilable_rule(rng: &mut Rng, index: usize) -> Value {
+    let (kinds, shape) = match rng.below(9) {
+        0..=2 => (json!(["Pod"]), CShape::Pod),
+        3 => (json!(["v1/Pod"]), CShape::Pod),
+        4 | 5 => (json!(["apps/v1/Deployment"]), CShape::Deployment),
+        6 => (json!(["ConfigMap"]), CShape::ConfigMap),
+        7 => (json!(["Pod", "apps/v1/Deployment"]), CShape::Any),
+        _ => (json!(["Pod", "ConfigMap"]), CShape::Any),
+    };
+    let mut spec = Map::new();
+    spec.insert("match".into(), c_match(rng, kinds, false));
+    if rng.chance(20) {
+        spec.insert("exclude".into(), c_match(rng, json!([]), true));
+    }
+    if rng.chance(30) {
+        spec.insert(
+            "failurePolicy".into(),
+            json!(*rng.pick(&["Ignore", "Fail"])),
+        );
+    }
+    if rng.chance(30) {
+        let path = *rng.pick(&[
+            "$.metadata.labels.team",
+            "$.metadata.labels['app.kubernetes.io/name']",
+            "$['metadata']['annotations']['a']",
+            "$.spec.securityContext",
+            "$.spec.template",
+            "$.data.x",
+            "$.spec.nodeSelector",
+        ]);
+        spec.insert(
+            "conditions".into(),
+            json!([{"path": path, "exists": rng.chance(50)}]),
+        );
+    }
+    let mutations: Vec<Value> = (0..rng.range(1, 3))
+        .map(|_| c_mutation(rng, shape))
+        .collect();
+    spec.insert("mutations".into(), json!(mutations));
+    json!({
+        "apiVersion": "initium.dev/v1alpha1",
+        "kind": "MutationRule",
+        "metadata": {"name": format!("r{index}"), "namespace": "default"},
+        "spec": spec,
+    })
+}
+
+/// A Pod, Deployment or ConfigMap from the vocabulary of [`compilable_rule`] (namespace
+/// `default`; callers put it in theirs). `record`: a rule name to list, sometimes, in
+/// `initium.dev/mutated-by`, as an object copied from a mutated one would.
+#[allow(dead_code)] // tests/compiled.rs uses it, tests/fuzz.rs does not
+pub fn compilable_object(rng: &mut Rng, record: &str) -> Value {
+    let mut metadata = Map::new();
+    // generateName: at admission the object has no name yet, and `names` globs see this.
+    if rng.chance(25) {
+        metadata.insert(
+            "generateName".into(),
+            json!(format!("{}-", rng.pick(C_NAMES))),
+        );
+    } else {
+        metadata.insert("name".into(), json!(*rng.pick(C_NAMES)));
+    }
+    metadata.insert("namespace".into(), json!("default"));
+    let mut labels = Map::new();
+    for _ in 0..rng.small(3) {
+        labels.insert(
+            rng.pick(C_LABEL_KEYS).to_string(),
+            json!(*rng.pick(C_LABEL_VALUES)),
+        );
+    }
+    if !labels.is_empty() || rng.chance(20) {
+        metadata.insert("labels".into(), Value::Object(labels));
+    }
+    let mut annotations = Map::new();
+    for _ in 0..rng.small(2) {
+        annotations.insert(
+            rng.pick(C_ANNOTATION_KEYS).to_string(),
+            json!(*rng.pick(C_ANNOTATION_VALUES)),
+        );
+    }
+    if rng.chance(8) {
+        annotations.insert("initium.dev/mutated-by".into(), json!(record));
+    }
+    if !annotations.is_empty() || rng.chance(10) {
+        metadata.insert("annotations".into(), Value::Object(annotations));
+    }
+    let pod_spec = |rng: &mut Rng| {
+        let mut containers = vec![json!({"name": "app", "image": "nginx"})];
+        if rng.chance(30) {
+            containers.push(c_container(rng));
+        }
+        let mut spec = json!({"containers": containers});
+        if rng.chance(30) {
+            spec["volumes"] = json!([c_volume(rng)]);
+        }
+        if rng.chance(20) {
+            spec["tolerations"] = json!([c_toleration(rng)]);
+        }
+        if rng.chance(20) {
+            spec["securityContext"] = json!({"runAsNonRoot": rng.chance(50)});
+        }
+        if rng.chance(15) {
+            spec["nodeSelector"] = json!({"tier": "web"});
+        }
+        if rng.chance(10) {
+            spec["terminationGracePeriodSeconds"] = json!(30);
+        }
+        spec
+    };
+    match rng.below(6) {
+        0..=2 => {
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec(rng)})
+        }
+        3 | 4 => {
+            let mut template_labels = json!({"app": "web"});
+            if rng.chance(30) {
+                template_labels["tier"] = json!(*rng.pick(C_LABEL_VALUES));
+            }
+            let mut spec = json!({
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": template_labels}, "spec": pod_spec(rng)},
+            });
+            if rng.chance(50) {
+                spec["replicas"] = json!(rng.range(1, 3));
+            }
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": spec})
+        }
+        _ => {
+            let mut data = Map::new();
+            for _ in 0..rng.small(2) {
+                data.insert(
+                    rng.pick(&["x", "y"]).to_string(),
+                    json!(*rng.pick(&["1", "on"])),
+                );
+            }
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
+        }
+    }
+}

@@ -317,8 +317,32 @@ pub fn compile_policy(
         conditions.push((format!("condition-{i}"), condition_test(condition, &field)?));
     }
 
-    // What: one JSONPatch per mutation, each after the record of the rule it may cause.
+    // As initium's webhook: a rule the object's initium.dev/mutated-by lists, and the stored
+    // object did not (on UPDATE; on CREATE there is none), already ran in this request.
     let written = id.written();
+    let listed = |root: &str| {
+        let record = Path(vec![
+            "metadata".into(),
+            "annotations".into(),
+            crate::api::MUTATED_BY_ANNOTATION.into(),
+        ]);
+        format!(
+            "(({}) && {}.split(\",\").exists(s, s.trim() == {}))",
+            record.present_from(root),
+            record.access_from(root),
+            quote(&written)
+        )
+    };
+    conditions.push((
+        "not-run-in-this-request".into(),
+        format!(
+            "!({} && !(oldObject != null && {}))",
+            listed("object"),
+            listed("oldObject")
+        ),
+    ));
+
+    // What: one JSONPatch per mutation, each after the record of the rule it may cause.
     let mut writes: mutate::Writes = Vec::new();
     let mut mutations = Vec::new();
     for (i, mutation) in spec.mutations.iter().enumerate() {
@@ -420,7 +444,7 @@ fn kind_test(pattern: &KindPattern) -> String {
 
 /// The CEL name initium's `names` globs match: the request's name, else the object's, else its
 /// generateName.
-const GLOB_NAME: &str = "(request.name != \"\" ? request.name : ((has(object.metadata.name) && object.metadata.name != \"\") ? object.metadata.name : (has(object.metadata.generateName) ? object.metadata.generateName : \"\")))";
+const GLOB_NAME: &str = "((has(request.name) && request.name != \"\") ? request.name : ((has(object.metadata.name) && object.metadata.name != \"\") ? object.metadata.name : (has(object.metadata.generateName) ? object.metadata.generateName : \"\")))";
 
 /// The parts of `match`/`exclude` that become CEL (names, namespaces, labels, annotations).
 fn match_test(m: &MatchResources, at: &str, exclude: bool) -> Result<Option<String>, NotCompiled> {

@@ -118,7 +118,7 @@ fn merge_adds_missing_parents_whole_and_records_only_a_change() {
     assert!(record.contains(r#"+ ["labels"]"#), "{record}");
     assert!(
         patch.contains(
-            r#"JSONPatch{op: "add", path: "/metadata/labels", value: {"team": request.namespace}}"#
+            r#"JSONPatch{op: "add", path: "/metadata/labels", value: {"team": dyn(request.namespace)}}"#
         ),
         "{patch}"
     );
