@@ -246,12 +246,7 @@ fn merge(
                     Box::new(deeper),
                     Box::new(Ops::List(vec![op("add", &child, Some(&added))])),
                 ));
-                let deeper_change = if deeper_changes.is_empty() {
-                    "false".to_string()
-                } else {
-                    deeper_changes.join(" || ")
-                };
-                changes.push(format!("(!({present}) || {deeper_change})"));
+                changes.push(format!("(!({present}) || {})", any(deeper_changes)));
             }
             scalar => {
                 if matches!(scalar, Value::Array(items) if items.iter().any(|i| i.is_object() || i.is_array()))
@@ -315,12 +310,7 @@ fn defaults(
                     Box::new(deeper),
                     Box::new(Ops::List(vec![op("add", &child, Some(&added))])),
                 ));
-                let deeper_change = if deeper_changes.is_empty() {
-                    "false".to_string()
-                } else {
-                    deeper_changes.join(" || ")
-                };
-                changes.push(format!("(!({present}) || {deeper_change})"));
+                changes.push(format!("(!({present}) || {})", any(deeper_changes)));
             }
             _ => {
                 check_write(&child, &here)?;
