@@ -1494,7 +1494,11 @@ pub fn compilable_object(rng: &mut Rng, record: &str) -> Value {
     let pod_spec = |rng: &mut Rng| {
         let mut containers = vec![json!({"name": "app", "image": "nginx"})];
         if rng.chance(30) {
-            containers.push(c_container(rng));
+            // A second container, under another name (two named "app" are refused).
+            let extra = c_container(rng);
+            if extra["name"] != "app" {
+                containers.push(extra);
+            }
         }
         let mut spec = json!({"containers": containers});
         if rng.chance(30) {

@@ -13,6 +13,7 @@
 
 mod cel;
 mod mutate;
+mod schema;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -205,6 +206,7 @@ pub fn compile_policy(
         .clone()
         .unwrap_or_else(|| vec![Operation::Create]);
     let mut resource_rules: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    let mut kinds: Vec<&'static schema::KindSchema> = Vec::new();
     for (i, kind) in spec.match_.kinds.iter().enumerate() {
         let field = format!("spec.match.kinds[{i}]");
         let pattern =
@@ -225,6 +227,23 @@ pub fn compile_policy(
                         resource.gvk
                     ),
                 ));
+            }
+            let Some(kind_schema) = schema::of(&resource.gvk) else {
+                return Err(NotCompiled::new(
+                    field,
+                    format!(
+                        "initium knows the fields of the built-in kinds only ({}), and {} is not one of them",
+                        BUILTIN
+                            .iter()
+                            .map(|(_, _, kind, _)| *kind)
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        resource.gvk
+                    ),
+                ));
+            };
+            if !kinds.iter().any(|k| std::ptr::eq(*k, kind_schema)) {
+                kinds.push(kind_schema);
             }
             let plurals = resource_rules
                 .entry((resource.gvk.group.clone(), resource.gvk.version.clone()))
@@ -342,32 +361,13 @@ pub fn compile_policy(
         ),
     ));
 
-    // What: one JSONPatch per mutation, each after the record of the rule it may cause.
-    let mut writes: mutate::Writes = Vec::new();
-    let mut mutations = Vec::new();
-    for (i, mutation) in spec.mutations.iter().enumerate() {
-        let field = format!("spec.mutations[{i}]");
-        let before = writes.len();
-        let step = mutate::step(mutation, &field, &mut writes)?;
-        let (earlier, mine) = writes.split_at(before);
-        if let Some(clash) = mine.iter().find(|w| earlier.iter().any(|e| e.related(w))) {
-            return Err(NotCompiled::new(
-                field,
-                format!(
-                    "writes {} which an earlier mutation of the rule writes too; mutations of a compiled rule must write apart",
-                    clash.pointer()
-                ),
-            ));
-        }
-        mutations.push(json!({
-            "patchType": "JSONPatch",
-            "jsonPatch": {"expression": mutate::record(&written, &step.changes)},
-        }));
-        mutations.push(json!({
-            "patchType": "JSONPatch",
-            "jsonPatch": {"expression": step.patch},
-        }));
-    }
+    // What: one JSONPatch expression, the record and every mutation.
+    let expression = mutate::rule(&spec.mutations, &written, &kinds)?;
+    let variables = vec![json!({"name": mutate::CHANGED, "expression": expression.changed})];
+    let mutations = vec![json!({
+        "patchType": "JSONPatch",
+        "jsonPatch": {"expression": expression.patch},
+    })];
 
     let name = policy_name(&settings.owner, id);
     let mut labels = serde_json::Map::new();
@@ -399,6 +399,7 @@ pub fn compile_policy(
                 "resourceRules": resource_rules,
             },
             "matchConditions": match_conditions,
+            "variables": variables,
             "mutations": mutations,
         }
     });

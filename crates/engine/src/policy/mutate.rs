@@ -1,11 +1,18 @@
 //! A rule's mutations as MutatingAdmissionPolicy JSONPatch expressions, and the
 //! `initium.dev/mutated-by` record the engine writes when a rule changes an object.
 //!
-//! Each mutation becomes one JSONPatch expression evaluated on the object as the previous
-//! ones left it, as the engine applies them. Before it, a second expression, evaluated on the
-//! same object, records the rule in `initium.dev/mutated-by` when the mutation is going to
-//! change something. That equals the engine's "the rule changed the object" because the
-//! compiler only accepts rules whose mutations write disjoint fields, none of them the record.
+//! A rule becomes one JSONPatch expression: the record of the rule in `initium.dev/mutated-by`
+//! when any mutation is going to change the object, then each mutation's operations, all
+//! computed from the object as it came in ([`rule`]). That equals the engine's mutations
+//! applied one after the other because the compiler only accepts rules whose mutations write
+//! disjoint fields, none of them the record: a mutation then reads only its own fields and
+//! whether their parents are present, and the only thing an earlier part of the expression can
+//! change for it is that presence. [`Ctx`] carries it: a parent an earlier mutation writes under
+//! is present afterwards whatever the object, and `metadata.annotations` is present after the
+//! record whenever the rule changes the object. Whether a mutation changes the object is the
+//! same computed from the object as it came in as after the earlier mutations: where an earlier
+//! one created a parent of its field, the field was missing, and it changes the object either
+//! way.
 
 use serde_json::{Map, Value};
 
@@ -13,6 +20,7 @@ use crate::api::{MUTATED_BY_ANNOTATION, Mutation, MutationKind, Position, Upsert
 
 use super::NotCompiled;
 use super::cel::{Path, literal, quote};
+use super::schema::{KindSchema, Step as SchemaStep};
 
 /// JSONPatch operations, some of them only under a condition on the object.
 #[derive(Clone, Debug)]
@@ -30,6 +38,7 @@ impl Ops {
     fn render(&self) -> String {
         match self {
             Ops::List(ops) => format!("[{}]", ops.join(", ")),
+            Ops::When(test, then, _) if test == "true" => then.render(),
             Ops::When(test, then, otherwise) => {
                 format!("({test} ? {} : {})", then.render(), otherwise.render())
             }
@@ -61,14 +70,6 @@ fn op_at(verb: &str, pointer: &str, value: Option<&str>) -> String {
         ),
         None => format!("JSONPatch{{op: {}, path: {pointer}}}", quote(verb)),
     }
-}
-
-/// What one mutation compiles to.
-pub(super) struct Step {
-    /// The JSONPatch expression.
-    pub(super) patch: String,
-    /// CEL true when the mutation will change the object (evaluated before it runs).
-    pub(super) changes: String,
 }
 
 /// The only template compiled: the object's namespace, which the API server has set on a
@@ -157,46 +158,141 @@ const METADATA_MAPS: [&str; 2] = ["labels", "annotations"];
 /// Leaves a mutation writes, to prove the rule's mutations disjoint.
 pub(super) type Writes = Vec<Path>;
 
-fn check_write(path: &Path, field: &str) -> Result<(), NotCompiled> {
-    path.check()
-        .map_err(|reason| NotCompiled::new(field, reason))?;
-    if path.0.first().map(String::as_str) == Some("metadata") {
-        match path.0.get(1) {
-            Some(map) if METADATA_MAPS.contains(&map.as_str()) && path.0.len() >= 3 => {}
-            Some(map) if METADATA_MAPS.contains(&map.as_str()) => {
-                return Err(NotCompiled::new(
-                    field,
-                    format!("writing metadata.{map} as a whole is not compiled; name its keys"),
-                ));
+fn annotations() -> Path {
+    Path(vec!["metadata".into(), "annotations".into()])
+}
+
+fn record_path() -> Path {
+    annotations().child(MUTATED_BY_ANNOTATION)
+}
+
+/// What the compiler knows while it writes a rule's expression: the kinds it acts on, and what
+/// the parts of the expression before the current one leave present.
+pub(super) struct Ctx<'a> {
+    kinds: &'a [&'static KindSchema],
+    /// Parents the earlier mutations leave present, whatever the object.
+    created: Vec<Path>,
+    /// CEL true when the rule changes the object: then the record, first in the expression,
+    /// leaves `metadata.annotations` present.
+    changed: Option<String>,
+}
+
+impl<'a> Ctx<'a> {
+    pub(super) fn new(kinds: &'a [&'static KindSchema]) -> Ctx<'a> {
+        Ctx {
+            kinds,
+            created: Vec::new(),
+            changed: None,
+        }
+    }
+
+    /// CEL true when the parent `path` is present where the current mutation's operations
+    /// apply (after the earlier parts of the expression).
+    fn parent_present(&self, path: &Path) -> String {
+        if self.created.contains(path) {
+            return "true".into();
+        }
+        match &self.changed {
+            Some(changed) if *path == annotations() => {
+                format!("(({}) || {changed})", path.present())
             }
-            Some(other) => {
-                return Err(NotCompiled::new(
-                    field,
-                    format!(
-                        "metadata.{other} is filled in by the API server during admission; only labels and annotations are compiled"
-                    ),
-                ));
-            }
-            None => {
-                return Err(NotCompiled::new(
-                    field,
-                    "writing metadata as a whole is not compiled",
-                ));
+            _ => path.present(),
+        }
+    }
+
+    /// After a mutation that wrote `writes`: their parents are present.
+    fn wrote(&mut self, writes: &[Path]) {
+        for write in writes {
+            for n in 1..write.0.len() {
+                let parent = Path(write.0[..n].to_vec());
+                if !self.created.contains(&parent) {
+                    self.created.push(parent);
+                }
             }
         }
     }
-    let record = Path(vec![
-        "metadata".into(),
-        "annotations".into(),
-        MUTATED_BY_ANNOTATION.into(),
-    ]);
-    if path.related(&record) {
-        return Err(NotCompiled::new(
-            field,
-            format!("writes {MUTATED_BY_ANNOTATION}, which initium keeps"),
-        ));
+
+    /// Refuses a write the compiled rule cannot do exactly: a metadata field the API server
+    /// fills in, the record, or a field one of the rule's kinds does not have (`value` is what
+    /// is written there, checked to its leaves).
+    fn check_write(&self, path: &Path, value: &Value, field: &str) -> Result<(), NotCompiled> {
+        path.check()
+            .map_err(|reason| NotCompiled::new(field, reason))?;
+        if path.0.first().map(String::as_str) == Some("metadata") {
+            match path.0.get(1) {
+                Some(map) if METADATA_MAPS.contains(&map.as_str()) && path.0.len() >= 3 => {}
+                Some(map) if METADATA_MAPS.contains(&map.as_str()) => {
+                    return Err(NotCompiled::new(
+                        field,
+                        format!("writing metadata.{map} as a whole is not compiled; name its keys"),
+                    ));
+                }
+                Some(other) => {
+                    return Err(NotCompiled::new(
+                        field,
+                        format!(
+                            "metadata.{other} is filled in by the API server during admission; only labels and annotations are compiled"
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(NotCompiled::new(
+                        field,
+                        "writing metadata as a whole is not compiled",
+                    ));
+                }
+            }
+        }
+        if path.related(&record_path()) {
+            return Err(NotCompiled::new(
+                field,
+                format!("writes {MUTATED_BY_ANNOTATION}, which initium keeps"),
+            ));
+        }
+        let steps: Vec<SchemaStep<'_>> = path.0.iter().map(|s| SchemaStep::Field(s)).collect();
+        self.check_value(&steps, value, field)
     }
-    Ok(())
+
+    /// Every leaf of `value`, written at `steps`, is a field of every kind.
+    fn check_value(
+        &self,
+        steps: &[SchemaStep<'_>],
+        value: &Value,
+        field: &str,
+    ) -> Result<(), NotCompiled> {
+        match value {
+            Value::Object(map) if !map.is_empty() => {
+                for (key, item) in map {
+                    let mut deeper = steps.to_vec();
+                    deeper.push(SchemaStep::Field(key));
+                    self.check_value(&deeper, item, field)?;
+                }
+                Ok(())
+            }
+            Value::Array(items) if !items.is_empty() => {
+                let mut deeper = steps.to_vec();
+                deeper.push(SchemaStep::Element);
+                for item in items {
+                    self.check_value(&deeper, item, field)?;
+                }
+                Ok(())
+            }
+            _ => {
+                for kind in self.kinds {
+                    kind.check(steps).map_err(|why| {
+                        NotCompiled::new(
+                            field,
+                            format!(
+                                "{} {why}: the API server refuses a field its kind lacks when a policy writes it, where it drops it from a webhook's patch; not compiled",
+                                kind.gvk.kind
+                            ),
+                        )
+                    })?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// RFC 7396 merge of `patch` (an object) into the object at `at`, which is present.
@@ -205,6 +301,7 @@ fn merge(
     patch: &Map<String, Value>,
     field: &str,
     writes: &mut Writes,
+    ctx: &Ctx<'_>,
 ) -> Result<(Ops, Vec<String>), NotCompiled> {
     let mut ops = Vec::new();
     let mut changes = Vec::new();
@@ -217,7 +314,7 @@ fn merge(
         let present = child.present();
         match v {
             Value::Null => {
-                check_write(&child, &here)?;
+                ctx.check_write(&child, v, &here)?;
                 writes.push(child.clone());
                 ops.push(Ops::When(
                     present.clone(),
@@ -230,19 +327,14 @@ fn merge(
                 child
                     .check()
                     .map_err(|reason| NotCompiled::new(&here, reason))?;
-                let (deeper, deeper_changes) = merge(&child, inner, &here, writes)?;
+                let (deeper, deeper_changes) = merge(&child, inner, &here, writes, ctx)?;
                 let added = value(v, &here, true)?;
-                let mut creates = Vec::new();
-                collect_leaves(&child, inner, &mut creates);
-                for leaf in &creates {
-                    check_write(leaf, &here)?;
-                }
                 if inner.is_empty() {
-                    check_write(&child, &here)?;
+                    ctx.check_write(&child, v, &here)?;
                     writes.push(child.clone());
                 }
                 ops.push(Ops::When(
-                    present.clone(),
+                    ctx.parent_present(&child),
                     Box::new(deeper),
                     Box::new(Ops::List(vec![op("add", &child, Some(&added))])),
                 ));
@@ -256,7 +348,7 @@ fn merge(
                         "a list of objects or lists is compared differently by CEL; only lists of scalars are compiled",
                     ));
                 }
-                check_write(&child, &here)?;
+                ctx.check_write(&child, scalar, &here)?;
                 writes.push(child.clone());
                 let wanted = value(scalar, &here, false)?;
                 ops.push(Ops::List(vec![op("add", &child, Some(&wanted))]));
@@ -267,22 +359,13 @@ fn merge(
     Ok((Ops::All(ops), changes))
 }
 
-/// The leaves (non-object values, and empty objects) of an object added whole at `at`.
-fn collect_leaves(at: &Path, map: &Map<String, Value>, out: &mut Vec<Path>) {
-    for (key, v) in map {
-        match v {
-            Value::Object(inner) if !inner.is_empty() => collect_leaves(&at.child(key), inner, out),
-            _ => out.push(at.child(key)),
-        }
-    }
-}
-
 /// `defaults`: each field set only where the object lacks it.
 fn defaults(
     at: &Path,
     wanted: &Map<String, Value>,
     field: &str,
     writes: &mut Writes,
+    ctx: &Ctx<'_>,
 ) -> Result<(Ops, Vec<String>), NotCompiled> {
     let mut ops = Vec::new();
     let mut changes = Vec::new();
@@ -296,24 +379,19 @@ fn defaults(
         let added = value(v, &here, false)?;
         match v {
             Value::Object(inner) if !inner.is_empty() => {
-                let mut creates = Vec::new();
-                collect_leaves(&child, inner, &mut creates);
-                for leaf in &creates {
-                    check_write(leaf, &here)?;
-                }
                 child
                     .check()
                     .map_err(|reason| NotCompiled::new(&here, reason))?;
-                let (deeper, deeper_changes) = defaults(&child, inner, &here, writes)?;
+                let (deeper, deeper_changes) = defaults(&child, inner, &here, writes, ctx)?;
                 ops.push(Ops::When(
-                    present.clone(),
+                    ctx.parent_present(&child),
                     Box::new(deeper),
                     Box::new(Ops::List(vec![op("add", &child, Some(&added))])),
                 ));
                 changes.push(format!("(!({present}) || {})", any(deeper_changes)));
             }
             _ => {
-                check_write(&child, &here)?;
+                ctx.check_write(&child, v, &here)?;
                 writes.push(child.clone());
                 ops.push(Ops::When(
                     present.clone(),
@@ -328,7 +406,7 @@ fn defaults(
 }
 
 /// Adds `value` at `path`, creating the missing parents as objects (as the engine does).
-fn add_creating(path: &Path, value: String) -> Ops {
+fn add_creating(path: &Path, value: String, ctx: &Ctx<'_>) -> Ops {
     let mut ops = Ops::List(vec![op("add", path, Some(&value))]);
     let mut wrapped = value;
     let mut at = path.clone();
@@ -338,7 +416,7 @@ fn add_creating(path: &Path, value: String) -> Ops {
         wrapped = format!("{{{}: {wrapped}}}", quote(&key));
         let parent = at.clone();
         ops = Ops::When(
-            parent.present(),
+            ctx.parent_present(&parent),
             Box::new(ops),
             Box::new(Ops::List(vec![op("add", &parent, Some(&wrapped))])),
         );
@@ -346,7 +424,12 @@ fn add_creating(path: &Path, value: String) -> Ops {
     ops
 }
 
-fn upsert(spec: &Upsert, field: &str, writes: &mut Writes) -> Result<(Ops, String), NotCompiled> {
+fn upsert(
+    spec: &Upsert,
+    field: &str,
+    writes: &mut Writes,
+    ctx: &Ctx<'_>,
+) -> Result<(Ops, String), NotCompiled> {
     let path = Path(
         crate::path::Pointer::parse(&spec.path)
             .map_err(|e| NotCompiled::new(format!("{field}.path"), e.to_string()))?
@@ -360,7 +443,8 @@ fn upsert(spec: &Upsert, field: &str, writes: &mut Writes) -> Result<(Ops, Strin
             "an upsert into the object's root is not compiled",
         ));
     }
-    check_write(&path, &format!("{field}.path"))?;
+    let list = Value::Array(vec![spec.value.clone()]);
+    ctx.check_write(&path, &list, &format!("{field}.path"))?;
     writes.push(path.clone());
     if spec.key.contains("{{") {
         return Err(not_template(&format!("{field}.key")));
@@ -403,18 +487,26 @@ fn upsert(spec: &Upsert, field: &str, writes: &mut Writes) -> Result<(Ops, Strin
             Box::new(replace),
             Box::new(Ops::List(vec![insert])),
         )),
-        Box::new(add_creating(&path, format!("[{element}]"))),
+        Box::new(add_creating(&path, format!("[{element}]"), ctx)),
     );
     let changes = format!("!(({present}) && {found} && {list}[{index}] == {element})");
     Ok((ops, changes))
 }
 
+/// What one mutation compiles to.
+struct Compiled {
+    ops: Ops,
+    /// CEL true when the mutation will change the object, from the object as it came in.
+    changes: String,
+}
+
 /// One mutation of a rule (`spec.mutations[i]`).
-pub(super) fn step(
+fn step(
     mutation: &Mutation,
     field: &str,
     writes: &mut Writes,
-) -> Result<Step, NotCompiled> {
+    ctx: &Ctx<'_>,
+) -> Result<Compiled, NotCompiled> {
     let Some(kind) = mutation.kinds().next() else {
         return Err(NotCompiled::new(field, "sets no mutation"));
     };
@@ -427,7 +519,7 @@ pub(super) fn step(
                     "is not an object",
                 ));
             };
-            let (ops, changes) = merge(&root, map, &format!("{field}.merge"), writes)?;
+            let (ops, changes) = merge(&root, map, &format!("{field}.merge"), writes, ctx)?;
             (ops, any(changes))
         }
         MutationKind::Defaults(wanted) => {
@@ -437,10 +529,10 @@ pub(super) fn step(
                     "is not an object",
                 ));
             };
-            let (ops, changes) = defaults(&root, map, &format!("{field}.defaults"), writes)?;
+            let (ops, changes) = defaults(&root, map, &format!("{field}.defaults"), writes, ctx)?;
             (ops, any(changes))
         }
-        MutationKind::Upsert(spec) => upsert(spec, &format!("{field}.upsert"), writes)?,
+        MutationKind::Upsert(spec) => upsert(spec, &format!("{field}.upsert"), writes, ctx)?,
         MutationKind::Patch(_) => {
             return Err(NotCompiled::new(
                 format!("{field}.patch"),
@@ -466,10 +558,7 @@ pub(super) fn step(
             ));
         }
     };
-    Ok(Step {
-        patch: ops.render(),
-        changes,
-    })
+    Ok(Compiled { ops, changes })
 }
 
 fn any(changes: Vec<String>) -> String {
@@ -480,12 +569,69 @@ fn any(changes: Vec<String>) -> String {
     }
 }
 
-/// The JSONPatch expression that records `written` (the rule as `initium.dev/mutated-by`
-/// names it) when `changes` holds: appended to the list unless listed, the list written back
-/// trimmed and without empty entries, as the engine writes it.
-pub(super) fn record(written: &str, changes: &str) -> String {
-    let annotations = Path(vec!["metadata".into(), "annotations".into()]);
-    let record = annotations.child(MUTATED_BY_ANNOTATION);
+/// A compiled rule's mutations.
+pub(super) struct RuleExpression {
+    /// CEL true when the rule changes the object: the policy's variable [`CHANGED`].
+    pub(super) changed: String,
+    /// The JSONPatch expression.
+    pub(super) patch: String,
+}
+
+/// The policy variable that holds whether the rule changes the object (evaluated once, on the
+/// object as it came in, however often the expression reads it).
+pub(super) const CHANGED: &str = "changed";
+
+/// A rule's mutations (`spec.mutations`) as one JSONPatch expression that records `written`
+/// (the rule as `initium.dev/mutated-by` names it) when the rule changes the object, for a
+/// rule acting on `kinds`.
+pub(super) fn rule(
+    mutations: &[Mutation],
+    written: &str,
+    kinds: &[&'static KindSchema],
+) -> Result<RuleExpression, NotCompiled> {
+    // First, whether the rule changes the object, and that its mutations write apart.
+    let mut ctx = Ctx::new(kinds);
+    let mut writes: Writes = Vec::new();
+    let mut changes = Vec::new();
+    for (i, mutation) in mutations.iter().enumerate() {
+        let field = format!("spec.mutations[{i}]");
+        let before = writes.len();
+        let compiled = step(mutation, &field, &mut writes, &ctx)?;
+        let (earlier, mine) = writes.split_at(before);
+        if let Some(clash) = mine.iter().find(|w| earlier.iter().any(|e| e.related(w))) {
+            return Err(NotCompiled::new(
+                field,
+                format!(
+                    "writes {} which an earlier mutation of the rule writes too; mutations of a compiled rule must write apart",
+                    clash.pointer()
+                ),
+            ));
+        }
+        changes.push(format!("({})", compiled.changes));
+    }
+    let changed = any(changes);
+    // Then the expression: the record, and each mutation after what the earlier ones leave.
+    let variable = format!("variables.{CHANGED}");
+    ctx.changed = Some(variable.clone());
+    let mut parts = vec![record(written, &variable)];
+    let mut writes: Writes = Vec::new();
+    for (i, mutation) in mutations.iter().enumerate() {
+        let before = writes.len();
+        let compiled = step(mutation, &format!("spec.mutations[{i}]"), &mut writes, &ctx)?;
+        ctx.wrote(&writes[before..]);
+        parts.push(compiled.ops);
+    }
+    Ok(RuleExpression {
+        changed,
+        patch: Ops::All(parts).render(),
+    })
+}
+
+/// The operations that record `written` when `changes` holds: appended to the list unless
+/// listed, the list written back trimmed and without empty entries, as the engine writes it.
+fn record(written: &str, changes: &str) -> Ops {
+    let annotations = annotations();
+    let record = record_path();
     let listed = format!(
         "({} ? {}.split(\",\").map(s, s.trim()).filter(s, s != \"\") : [])",
         record.present(),
@@ -494,7 +640,7 @@ pub(super) fn record(written: &str, changes: &str) -> String {
     let name = quote(written);
     let list =
         format!("({listed}.exists(s, s == {name}) ? {listed} : {listed} + [{name}]).join(\",\")");
-    let ops = Ops::When(
+    Ops::When(
         changes.to_string(),
         Box::new(Ops::When(
             annotations.present(),
@@ -506,6 +652,5 @@ pub(super) fn record(written: &str, changes: &str) -> String {
             )])),
         )),
         Box::new(Ops::none()),
-    );
-    ops.render()
+    )
 }

@@ -42,13 +42,13 @@ fn a_namespaced_rule_is_bound_to_its_namespace_twice() {
         generated.policy["metadata"]["labels"][RULE_NAMESPACE_LABEL],
         "shop"
     );
-    // One record and one patch per mutation.
+    // One expression: the record and the mutation.
     assert_eq!(
         generated.policy["spec"]["mutations"]
             .as_array()
             .unwrap()
             .len(),
-        2
+        1
     );
 }
 
@@ -81,16 +81,16 @@ fn what_has_no_exact_equivalent_names_the_field() {
             "spec.mutations[0].merge.metadata.annotations.initium.dev/mutated-by",
         ),
         (
-            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"merge": {"spec": {"x": 1}}}, {"defaults": {"spec": {"x": 2}}}]}),
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"merge": {"spec": {"hostname": "a"}}}, {"defaults": {"spec": {"hostname": "b"}}}]}),
             "spec.mutations[1]",
         ),
         (
-            json!({"match": {"kinds": ["Pod"]}, "conditions": [{"path": "$.spec.containers[*].image", "exists": true}], "mutations": [{"merge": {"spec": {"x": 1}}}]}),
+            json!({"match": {"kinds": ["Pod"]}, "conditions": [{"path": "$.spec.containers[*].image", "exists": true}], "mutations": [{"merge": {"spec": {"hostname": "a"}}}]}),
             "spec.conditions[0].path",
         ),
         (
-            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"merge": {"spec": {"x": 1.5}}}]}),
-            "spec.mutations[0].merge.spec.x",
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"merge": {"spec": {"priority": 1.5}}}]}),
+            "spec.mutations[0].merge.spec.priority",
         ),
     ];
     for (rule, field) in cases {
@@ -108,14 +108,18 @@ fn merge_adds_missing_parents_whole_and_records_only_a_change() {
         json!({"match": {"kinds": ["Pod"]}, "mutations": [{"merge": {"metadata": {"labels": {"team": "{{ $.metadata.namespace }}", "old": null}}}}]}),
     )
     .unwrap();
-    let mutations = &generated.policy["spec"]["mutations"];
-    let record = mutations[0]["jsonPatch"]["expression"].as_str().unwrap();
-    let patch = mutations[1]["jsonPatch"]["expression"].as_str().unwrap();
+    let record = generated.policy["spec"]["variables"][0]["expression"]
+        .as_str()
+        .unwrap();
+    let patch = generated.policy["spec"]["mutations"][0]["jsonPatch"]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(patch.contains("(variables.changed ? "), "{patch}");
     assert!(
         record.contains(r#"object.metadata.labels.team == request.namespace"#),
         "{record}"
     );
-    assert!(record.contains(r#"+ ["labels"]"#), "{record}");
+    assert!(patch.contains(r#"+ ["labels"]"#), "{patch}");
     assert!(
         patch.contains(
             r#"JSONPatch{op: "add", path: "/metadata/labels", value: {"team": dyn(request.namespace)}}"#
@@ -224,4 +228,83 @@ fn simple_paths_parse_and_others_do_not() {
     assert!(simple_path("$.spec.containers[*]").is_none());
     assert!(simple_path("$..x").is_none());
     assert!(simple_path("$").is_none());
+}
+
+#[test]
+fn a_field_the_kind_lacks_is_not_compiled() {
+    let id = RuleId::cluster("r");
+    let cases = [
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"defaults": {"spec": {"extra": {"a": 1}}}}]}),
+            "spec.mutations[0].defaults.spec.extra.a",
+            "Pod has no field spec.extra",
+        ),
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"merge": {"spec": {"nodeSelector": {"disk": "ssd"}, "hostname": {"x": "y"}}}}]}),
+            "spec.mutations[0].merge.spec.hostname.x",
+            "Pod has no fields under spec.hostname (string)",
+        ),
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"upsert": {"path": "/spec/volumes", "key": "name", "value": {"name": "ca", "secrett": {"secretName": "ca"}}}}]}),
+            "spec.mutations[0].upsert.path",
+            "Pod has no field spec.volumes[].secrett",
+        ),
+        (
+            json!({"match": {"kinds": ["Pod", "apps/v1/Deployment"]}, "mutations": [{"merge": {"spec": {"template": {"metadata": {"labels": {"a": "b"}}}}}}]}),
+            "spec.mutations[0].merge.spec.template.metadata.labels.a",
+            "Pod has no field spec.template",
+        ),
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"defaults": {"spec": {"containers": [{"name": "a", "imagee": "x"}]}}}]}),
+            "spec.mutations[0].defaults.spec.containers",
+            "Pod has no field spec.containers[].imagee",
+        ),
+    ];
+    for (rule, field, reason) in cases {
+        let error = compile(&id, rule.clone()).unwrap_err();
+        assert_eq!(error.field, field, "{rule}: {error}");
+        assert!(error.reason.starts_with(reason), "{rule}: {error}");
+    }
+    // The same writes on fields the kinds have compile.
+    for rule in [
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [{"defaults": {"spec": {"nodeSelector": {"a": "1"}}}}]}),
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [{"upsert": {"path": "/spec/volumes", "key": "name", "value": {"name": "ca", "secret": {"secretName": "ca"}}}}]}),
+        json!({"match": {"kinds": ["apps/v1/Deployment", "apps/v1/StatefulSet"]}, "mutations": [{"merge": {"spec": {"template": {"metadata": {"labels": {"a": "b"}}}}}}]}),
+    ] {
+        assert!(compile(&id, rule.clone()).is_ok(), "{rule}");
+    }
+}
+
+#[test]
+fn a_rule_is_one_expression_and_later_mutations_see_what_earlier_ones_create() {
+    let id = RuleId::cluster("ca");
+    let generated = compile(
+        &id,
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"upsert": {"path": "/spec/volumes", "key": "name", "value": {"name": "ca", "secret": {"secretName": "ca"}}}},
+            {"merge": {"metadata": {"annotations": {"ca": "{{ $.metadata.namespace }}"}}}},
+            {"defaults": {"spec": {"nodeSelector": {"disk": "ssd"}}}}
+        ]}),
+    )
+    .unwrap();
+    let mutations = generated.policy["spec"]["mutations"].as_array().unwrap();
+    assert_eq!(mutations.len(), 1);
+    let expression = mutations[0]["jsonPatch"]["expression"].as_str().unwrap();
+    // The record comes first and adds metadata.annotations when the rule changes the object:
+    // the annotation mutation then adds its key to it rather than a new map.
+    let record_at = expression.find("initium.dev/mutated-by").unwrap();
+    let annotation_at = expression.find(r#""/metadata/annotations/ca""#).unwrap();
+    assert!(record_at < annotation_at, "{expression}");
+    assert!(
+        expression.contains(
+            "((has(object.metadata) && has(object.metadata.annotations)) || variables.changed)"
+        ),
+        "{expression}"
+    );
+    // The upsert leaves spec present: the defaults do not test it again.
+    assert_eq!(
+        expression.matches("(has(object.spec) ?").count(),
+        1,
+        "{expression}"
+    );
 }
