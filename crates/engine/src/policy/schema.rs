@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 
 use crate::kind::Gvk;
 
+#[cfg(test)]
 use super::cel::Path;
 
 /// A kind's JSON schema: the root and the definitions its `$ref`s name.
