@@ -279,11 +279,11 @@ impl<'a> Ctx<'a> {
             }
             _ => {
                 for kind in self.kinds {
-                    kind.check(steps).map_err(|why| {
+                    kind.accepts(steps, value).map_err(|why| {
                         NotCompiled::new(
                             field,
                             format!(
-                                "{} {why}: the API server refuses a field its kind lacks when a policy writes it, where it drops it from a webhook's patch; not compiled",
+                                "{} {why}; a compiled rule writes only fields its kinds have, with their types (the API server refuses an object a policy gave an unknown field, where it drops the field from a webhook's patch)",
                                 kind.gvk.kind
                             ),
                         )

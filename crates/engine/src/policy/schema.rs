@@ -88,9 +88,67 @@ impl KindSchema {
         None
     }
 
-    /// Whether the kind has the field (or list element) `steps` leads to; `Err` says where it
-    /// stops, as a sentence fragment (`has no field spec.extra`).
-    pub(super) fn check(&self, steps: &[Step<'_>]) -> Result<(), String> {
+    /// Whether the kind has the field (or list element) `steps` leads to, and that field takes
+    /// `value` (a scalar, an empty object or list, or null); `Err` says why not, as a sentence
+    /// fragment (`has no field spec.extra`).
+    pub(super) fn accepts(&self, steps: &[Step<'_>], value: &Value) -> Result<(), String> {
+        let schema = self.check(steps)?;
+        let field = shown_steps(steps);
+        // Quantities are written as strings or numbers (`cpu: 1`).
+        let quantity = schema
+            .get("$ref")
+            .and_then(Value::as_str)
+            .is_some_and(|r| r.ends_with(".api.resource.Quantity"));
+        let schema = self
+            .resolve(schema)
+            .ok_or_else(|| format!("has a schema initium cannot read at {field}"))?;
+        let int_or_string = schema
+            .get("x-kubernetes-int-or-string")
+            .and_then(Value::as_bool)
+            == Some(true);
+        let kind = schema.get("type").and_then(Value::as_str);
+        let fits = match value {
+            Value::Null => true,
+            Value::Bool(_) => kind == Some("boolean"),
+            Value::Number(n) => {
+                quantity
+                    || kind == Some("number")
+                    || ((kind == Some("integer") || int_or_string) && n.is_i64())
+            }
+            Value::String(_) => quantity || int_or_string || kind == Some("string"),
+            Value::Array(_) => kind == Some("array"),
+            Value::Object(_) => {
+                kind == Some("object")
+                    || (kind.is_none()
+                        && (schema.get("properties").is_some()
+                            || schema.get("additionalProperties").is_some()))
+            }
+        };
+        if fits {
+            Ok(())
+        } else {
+            let wanted = if quantity {
+                "a quantity"
+            } else if int_or_string {
+                "an integer or a string"
+            } else {
+                match kind {
+                    Some("boolean") => "a boolean",
+                    Some("integer") => "an integer",
+                    Some("number") => "a number",
+                    Some("string") => "a string",
+                    Some("array") => "a list",
+                    Some("object") => "an object",
+                    _ => "a value initium does not know the type of",
+                }
+            };
+            Err(format!("takes {wanted} at {field}, not {value}"))
+        }
+    }
+
+    /// Whether the kind has the field (or list element) `steps` leads to: its schema, or `Err`
+    /// saying where the path stops, as a sentence fragment (`has no field spec.extra`).
+    pub(super) fn check(&self, steps: &[Step<'_>]) -> Result<&Value, String> {
         let mut schema = &self.root;
         let mut walked = String::new();
         for step in steps {
@@ -135,14 +193,14 @@ impl KindSchema {
             };
             schema = next;
         }
-        Ok(())
+        Ok(schema)
     }
 
     /// [`KindSchema::check`] for a path of fields.
     #[cfg(test)]
     pub(super) fn check_path(&self, path: &Path) -> Result<(), String> {
         let steps: Vec<Step<'_>> = path.0.iter().map(|s| Step::Field(s)).collect();
-        self.check(&steps)
+        self.check(&steps).map(|_| ())
     }
 }
 
@@ -152,6 +210,17 @@ fn join(walked: &str, name: &str) -> String {
     } else {
         format!("{walked}.{name}")
     }
+}
+
+fn shown_steps(steps: &[Step<'_>]) -> String {
+    let mut walked = String::new();
+    for step in steps {
+        walked = match step {
+            Step::Field(name) => join(&walked, name),
+            Step::Element => format!("{walked}[]"),
+        };
+    }
+    shown(&walked).to_string()
 }
 
 fn shown(walked: &str) -> &str {
@@ -166,6 +235,7 @@ fn shown(walked: &str) -> &str {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn pod() -> &'static KindSchema {
         of(&Gvk::new("", "v1", "Pod")).unwrap()
@@ -187,15 +257,16 @@ mod tests {
     fn known_fields_and_map_keys_pass() {
         assert_eq!(pod().check_path(&path("spec.nodeSelector.disk")), Ok(()));
         assert_eq!(pod().check_path(&path("metadata.labels.team")), Ok(()));
-        assert_eq!(
-            pod().check(&[
-                Step::Field("spec"),
-                Step::Field("volumes"),
-                Step::Element,
-                Step::Field("secret"),
-                Step::Field("secretName"),
-            ]),
-            Ok(())
+        assert!(
+            pod()
+                .check(&[
+                    Step::Field("spec"),
+                    Step::Field("volumes"),
+                    Step::Element,
+                    Step::Field("secret"),
+                    Step::Field("secretName"),
+                ])
+                .is_ok()
         );
     }
 
@@ -210,7 +281,9 @@ mod tests {
             Err("has no fields under spec.hostname (string)".into())
         );
         assert_eq!(
-            pod().check(&[Step::Field("spec"), Step::Field("hostname"), Step::Element]),
+            pod()
+                .check(&[Step::Field("spec"), Step::Field("hostname"), Step::Element])
+                .map(|_| ()),
             Err("spec.hostname is not a list".into())
         );
         let deployment = of(&Gvk::new("apps", "v1", "Deployment")).unwrap();
@@ -219,5 +292,73 @@ mod tests {
             Ok(())
         );
         assert!(deployment.check_path(&path("spec.containers")).is_err());
+    }
+
+    #[test]
+    fn values_must_have_the_fields_type() {
+        let steps = |text: &'static str| -> Vec<Step<'static>> {
+            text.split('.')
+                .map(|s| {
+                    if s == "[]" {
+                        Step::Element
+                    } else {
+                        Step::Field(s)
+                    }
+                })
+                .collect()
+        };
+        let pod = pod();
+        let ok = [
+            ("spec.hostname", json!("a")),
+            ("spec.priority", json!(3)),
+            ("spec.hostNetwork", json!(true)),
+            ("spec.nodeSelector", json!({})),
+            ("spec.tolerations", json!([])),
+            ("spec.hostname", Value::Null),
+            ("spec.containers.[].resources.requests.cpu", json!(1)),
+            ("spec.containers.[].resources.requests.cpu", json!("50m")),
+            ("spec.containers.[].ports.[].containerPort", json!(8080)),
+            (
+                "spec.containers.[].livenessProbe.httpGet.port",
+                json!("http"),
+            ),
+        ];
+        for (at, value) in ok {
+            assert_eq!(pod.accepts(&steps(at), &value), Ok(()), "{at} {value}");
+        }
+        let refused = [
+            (
+                "spec.hostname",
+                json!(1),
+                "takes a string at spec.hostname, not 1",
+            ),
+            (
+                "spec.priority",
+                json!("3"),
+                "takes an integer at spec.priority, not \"3\"",
+            ),
+            (
+                "spec.hostNetwork",
+                json!("yes"),
+                "takes a boolean at spec.hostNetwork, not \"yes\"",
+            ),
+            (
+                "spec.nodeSelector",
+                json!([]),
+                "takes an object at spec.nodeSelector, not []",
+            ),
+            (
+                "spec.containers.[].livenessProbe.httpGet.port",
+                json!(true),
+                "takes an integer or a string at spec.containers[].livenessProbe.httpGet.port, not true",
+            ),
+        ];
+        for (at, value, why) in refused {
+            assert_eq!(
+                pod.accepts(&steps(at), &value),
+                Err(why.to_string()),
+                "{at}"
+            );
+        }
     }
 }

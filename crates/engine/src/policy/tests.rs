@@ -255,6 +255,11 @@ fn a_field_the_kind_lacks_is_not_compiled() {
             "Pod has no field spec.template",
         ),
         (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"merge": {"spec": {"hostNetwork": "yes"}}}]}),
+            "spec.mutations[0].merge.spec.hostNetwork",
+            "Pod takes a boolean at spec.hostNetwork, not \"yes\"",
+        ),
+        (
             json!({"match": {"kinds": ["Pod"]}, "mutations": [{"defaults": {"spec": {"containers": [{"name": "a", "imagee": "x"}]}}}]}),
             "spec.mutations[0].defaults.spec.containers",
             "Pod has no field spec.containers[].imagee",
