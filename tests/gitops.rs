@@ -199,7 +199,8 @@ fn every_status_initium_writes_reads_as_documented() {
             verdict: verdict.clone(),
             serving: None,
         };
-        let status = desired_status(&view, &now).expect("a new rule gets a status");
+        let status =
+            desired_status(&view, &Default::default(), &now).expect("a new rule gets a status");
         let object = serde_json::json!({
             "apiVersion": "initium.dev/v1alpha1",
             "kind": "ClusterMutationRule",

@@ -385,6 +385,7 @@ pub async fn run(
         status::Effect {
             applied: applied_rx,
             refused: refused_rx,
+            policies: in_effect_rx.clone(),
         },
         leader.clone(),
         shared.clone(),

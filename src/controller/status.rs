@@ -22,7 +22,7 @@
 //! from what is there; `lastTransitionTime` changes only when the status flips. Other
 //! conditions on the rule are kept.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,12 +99,25 @@ fn stalled_condition(verdict: &Verdict, ready: &Condition) -> Option<Condition> 
 }
 
 /// The condition that says how a Ready rule is served when rules are compiled
-/// (`--compile-rules auto`): `True` by the API server (the message names the policy),
-/// `False` by the webhook (the message is the first reason).
+/// (`--compile-rules auto`): `True` by the API server (the message names the policy), once
+/// the policy is in effect; `False` by the webhook (the message is the first reason), or
+/// `False` with reason `Compiling` while the policy is written but not yet in effect (the
+/// webhook still serves the rule then).
 pub const SERVED_BY_API_SERVER: &str = "ServedByAPIServer";
 
-fn served_condition(view: &RuleView, now: &Time) -> Option<Condition> {
+/// The generated policies in effect (written, and given time to take effect), by name: what
+/// the policies duty publishes.
+pub type PoliciesInEffect = BTreeSet<String>;
+
+fn served_condition(view: &RuleView, policies: &PoliciesInEffect, now: &Time) -> Option<Condition> {
     let (status, reason, message) = match view.serving.as_ref()? {
+        super::rules::Served::ApiServer(name) if !policies.contains(name) => (
+            "False",
+            "Compiling",
+            format!(
+                "the rule compiles to the MutatingAdmissionPolicy {name}, which is not in effect yet; initium's webhook serves the rule until it is"
+            ),
+        ),
         super::rules::Served::ApiServer(name) => (
             "True",
             "Compiled",
@@ -151,13 +164,18 @@ fn put(conditions: &mut Vec<Condition>, mut wanted: Condition) {
 
 /// The status a rule should have, or `None` when what it has already says so. `now` becomes
 /// `lastTransitionTime` when `Ready` flips (or appears), and when `Stalled` appears.
-pub fn desired_status(view: &RuleView, now: &Time) -> Option<RuleStatus> {
+/// `policies`: the generated policies in effect (empty when rules are not compiled).
+pub fn desired_status(
+    view: &RuleView,
+    policies: &PoliciesInEffect,
+    now: &Time,
+) -> Option<RuleStatus> {
     let current = view.status.as_deref().cloned().unwrap_or_default();
     let ready = ready_condition(&view.verdict, view.generation, now);
     let stalled = stalled_condition(&view.verdict, &ready);
     let mut conditions = current.conditions.clone();
     put(&mut conditions, ready);
-    match served_condition(view, now) {
+    match served_condition(view, policies, now) {
         Some(served) => put(&mut conditions, served),
         None => conditions.retain(|c| c.type_ != SERVED_BY_API_SERVER),
     }
@@ -230,6 +248,8 @@ pub(crate) struct Status {
 pub(crate) struct Effect {
     pub applied: watch::Receiver<Option<Arc<Inputs>>>,
     pub refused: watch::Receiver<Option<Arc<Refusal>>>,
+    /// The generated policies in effect (the policies duty).
+    pub policies: watch::Receiver<Arc<PoliciesInEffect>>,
 }
 
 impl Status {
@@ -315,6 +335,15 @@ fn may_write(view: &RuleView, in_effect: bool) -> bool {
     in_effect || !view.verdict.is_ready()
 }
 
+/// What a pass of the status duty looked at: the snapshot, whether the webhook configuration
+/// was in effect, the refusal, the policies in effect.
+type Pass = (
+    Arc<Snapshot>,
+    bool,
+    Option<Arc<Refusal>>,
+    Arc<PoliciesInEffect>,
+);
+
 impl Duty for Status {
     const NAME: &'static str = "status";
 
@@ -323,7 +352,12 @@ impl Duty for Status {
             client,
             snapshot,
             needs,
-            effect: Effect { applied, refused },
+            effect:
+                Effect {
+                    applied,
+                    refused,
+                    policies,
+                },
             leader,
             shared,
         } = self;
@@ -336,7 +370,7 @@ impl Duty for Status {
         // What the last pass looked at: while nothing but some rules changed, the next pass
         // looks only at those (a rule patched ten times a second among ten thousand costs
         // ten rules' work, not a hundred thousand).
-        let mut last: Option<(Arc<Snapshot>, bool, Option<Arc<Refusal>>)> = None;
+        let mut last: Option<Pass> = None;
         let mut backoff = context.backoff(RETRY_FIRST, RETRY_MAX);
         loop {
             let retry_due = async {
@@ -350,6 +384,7 @@ impl Duty for Status {
                 changed = snapshot.changed() => if changed.is_err() { return Ok(()) },
                 Ok(()) = applied.changed() => {}
                 Ok(()) = refused.changed() => {}
+                Ok(()) = policies.changed() => {}
                 () = leader.changed() => {}
                 () = retry_due => { last = None; }
             }
@@ -358,6 +393,7 @@ impl Duty for Status {
             // Read after the snapshot: the rules duty publishes the inputs first, so these are
             // at least as new as the snapshot's verdicts.
             let needs_now = needs.borrow().clone();
+            let policies_now = policies.borrow_and_update().clone();
             let in_effect = webhooks_in_effect(&needs_now, applied.borrow_and_update().as_ref());
             // A refusal counts only for the inputs it was for: newer rules get a new try.
             let refusal = refused.borrow_and_update().clone().filter(|r| {
@@ -392,15 +428,21 @@ impl Duty for Status {
             // Every rule after a retry, a change of what is in effect, or a new Lease;
             // otherwise only the rules whose view changed since the last pass.
             let only: Option<Vec<usize>> = match &last {
-                Some((previous, was_in_effect, was_refused))
+                Some((previous, was_in_effect, was_refused, was_policies))
                     if *was_in_effect == in_effect
-                        && same_refusal(was_refused.as_ref(), refusal.as_ref()) =>
+                        && same_refusal(was_refused.as_ref(), refusal.as_ref())
+                        && Arc::ptr_eq(was_policies, &policies_now) =>
                 {
                     Some(changed_since(previous, &current))
                 }
                 _ => None,
             };
-            last = Some((current.clone(), in_effect, refusal.clone()));
+            last = Some((
+                current.clone(),
+                in_effect,
+                refusal.clone(),
+                policies_now.clone(),
+            ));
             // The snapshot is sorted by id.
             if only.is_none() {
                 written.retain(|id, _| current.rules.binary_search_by(|r| r.id.cmp(id)).is_ok());
@@ -423,7 +465,7 @@ impl Duty for Status {
                 if !may_write(view, in_effect) {
                     return None;
                 }
-                let status = desired_status(view, &now)?;
+                let status = desired_status(view, &policies_now, &now)?;
                 let fingerprint = fingerprint(view, &status);
                 (already.get(&view.id) != Some(&fingerprint)).then_some((i, status, fingerprint))
             });
@@ -484,6 +526,11 @@ mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;
 
+    /// [`super::desired_status`] with no policies in effect (rules not compiled).
+    fn desired_status(view: &RuleView, now: &Time) -> Option<RuleStatus> {
+        super::desired_status(view, &PoliciesInEffect::new(), now)
+    }
+
     fn time(seconds: i64) -> Time {
         Time(Timestamp::from_second(seconds).unwrap())
     }
@@ -498,6 +545,44 @@ mod tests {
             verdict,
             serving: None,
         }
+    }
+
+    #[test]
+    fn served_by_the_api_server_only_once_the_policy_is_in_effect() {
+        let mut compiled = view(Verdict::Ready, 1, None);
+        compiled.serving = Some(crate::controller::rules::Served::ApiServer(
+            "initium.cmr.r".into(),
+        ));
+        let served = |policies: &[&str], view: &RuleView| {
+            let policies: PoliciesInEffect = policies.iter().map(|p| p.to_string()).collect();
+            let status = super::desired_status(view, &policies, &time(100)).unwrap();
+            let c = status
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == SERVED_BY_API_SERVER)
+                .unwrap();
+            (c.status, c.reason)
+        };
+        assert_eq!(
+            served(&[], &compiled),
+            ("False".to_string(), "Compiling".to_string())
+        );
+        assert_eq!(
+            served(&["initium.cmr.other"], &compiled),
+            ("False".to_string(), "Compiling".to_string())
+        );
+        assert_eq!(
+            served(&["initium.cmr.r"], &compiled),
+            ("True".to_string(), "Compiled".to_string())
+        );
+        let mut webhook = view(Verdict::Ready, 1, None);
+        webhook.serving = Some(crate::controller::rules::Served::Webhook(
+            "spec.mutations[0].rewrite: no CEL equivalent".into(),
+        ));
+        assert_eq!(
+            served(&["initium.cmr.r"], &webhook),
+            ("False".to_string(), "WebhookOnly".to_string())
+        );
     }
 
     fn named(name: &str) -> Arc<RuleView> {
