@@ -29,8 +29,8 @@
 //! it acts: what the API server reads in order (initium's configuration, written from every
 //! Ready rule; the policies and bindings, each watched in order) then covers the whole round.
 //!
-//! Two sets of rules: every rule of `examples/*/rules.yaml` that compiles in its own file,
-//! grouped into rounds `plan` compiles whole, with every example object; and 300 seeded rules
+//! Two sets of rules: every rule of `examples/*/rules.yaml` that compiles alone, grouped into
+//! rounds `plan` compiles whole, with every example object; and 300 seeded rules
 //! of the fuzzer's generators (tests/fuzz/generate.rs: a third from `rule`, the rest from
 //! `compilable_rule`), each a MutationRule in a namespace of its own, with objects from `object`
 //! and `compilable_object` in it. `cargo test --test compiled -- --nocapture` prints the counts;
@@ -1171,8 +1171,13 @@ async fn example_rules_compiled_store_what_the_webhook_and_apply_store() {
             })
             .collect();
         total += sources.len();
-        let refs: Vec<&RuleSource> = sources.iter().map(|(_, s)| s).collect();
-        let plan = compiled(&refs, &settings);
+        // Each rule that compiles alone (in its file an earlier rule may keep it on the webhook,
+        // which says nothing about its compiled form); rounds are made of rules that compile
+        // together below.
+        let plan: Vec<_> = sources
+            .iter()
+            .map(|(_, s)| compiled(&[s], &settings).pop().flatten())
+            .collect();
         candidates.extend(
             sources
                 .into_iter()
@@ -1230,7 +1235,7 @@ async fn example_rules_compiled_store_what_the_webhook_and_apply_store() {
         round.name = format!("examples [{}]", names.join(", "));
     }
     eprintln!(
-        "compiled: examples: {} rules in {} files, {} compile in their file, in {} rounds; {} objects",
+        "compiled: examples: {} rules in {} files, {} compile alone, in {} rounds; {} objects",
         total,
         dirs.len(),
         rounds.iter().map(|r| r.rules.len()).sum::<usize>(),
@@ -1287,6 +1292,14 @@ async fn fuzzed_rules_compiled_store_what_the_webhook_and_apply_store() {
         .map(|(rule, _)| rule)
         .collect();
     let plain_compiled = chosen.iter().filter(|(_, _, _, plain)| *plain).count();
+    let for_each_compiled = chosen
+        .iter()
+        .filter(|(doc, _, _, _)| {
+            doc["spec"]["mutations"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|m| m.get("forEach").is_some()))
+        })
+        .count();
 
     // Their namespaces, and objects in each.
     ensure_namespaces(
@@ -1319,11 +1332,12 @@ async fn fuzzed_rules_compiled_store_what_the_webhook_and_apply_store() {
         rules.push((doc, source));
     }
     eprintln!(
-        "compiled: fuzz: {FUZZ_RULES} rules (1 in {PLAIN_EVERY} from `rule`, the rest from `compilable_rule`): {} valid ({} plain), {} compiled ({} plain); {} objects ({} of kinds not served or not namespaced left out)",
+        "compiled: fuzz: {FUZZ_RULES} rules (1 in {PLAIN_EVERY} from `rule`, the rest from `compilable_rule`): {} valid ({} plain), {} compiled ({} plain, {} with a forEach); {} objects ({} of kinds not served or not namespaced left out)",
         plan.len(),
         plain_valid,
         rules.len(),
         plain_compiled,
+        for_each_compiled,
         inputs.len(),
         unusable
     );

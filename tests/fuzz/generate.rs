@@ -1304,8 +1304,32 @@ fn c_mutation(rng: &mut Rng, shape: CShape) -> Value {
     };
     let verb = if rng.chance(50) { "merge" } else { "defaults" };
     let nulls = verb == "merge";
-    let choice = rng.below(10);
+    let choice = rng.below(12);
     match (choice, &pod_spec, shape) {
+        (10 | 11, Some(spec), _) => {
+            // forEach over every container (and init container): mutations relative to each.
+            let at = spec.join(".");
+            let query = if rng.chance(50) {
+                format!("$.{at}.containers[*]")
+            } else {
+                format!("$.{at}['containers','initContainers'][*]")
+            };
+            let mut element = vec![
+                json!({ verb: {"securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}} }),
+                json!({"upsert": {"path": "/env", "key": "name", "value": {"name": "NS", "value": NAMESPACE_TEMPLATE}}}),
+                json!({"upsert": {"path": "/volumeMounts", "key": "name", "value": {"name": "data", "mountPath": "/data"}}}),
+                json!({ verb: {"imagePullPolicy": "IfNotPresent"} }),
+                json!({ verb: {"resources": {"limits": {"memory": "128Mi"}}} }),
+                json!({"merge": {"terminationMessagePolicy": null, "workingDir": "/w"}}),
+            ];
+            let first = rng.below(element.len());
+            let mut mutations = vec![element.remove(first)];
+            if rng.chance(40) {
+                let second = rng.below(element.len());
+                mutations.push(element.remove(second));
+            }
+            json!({"forEach": query, "mutations": mutations})
+        }
         (0 | 1, _, _) => {
             json!({ verb: {"metadata": {"labels": c_meta_map(rng, C_LABEL_KEYS, C_LABEL_VALUES, nulls)}} })
         }
@@ -1501,6 +1525,9 @@ pub fn compilable_object(rng: &mut Rng, record: &str) -> Value {
             }
         }
         let mut spec = json!({"containers": containers});
+        if rng.chance(20) {
+            spec["initContainers"] = json!([{"name": "init", "image": "busybox"}]);
+        }
         if rng.chance(30) {
             spec["volumes"] = json!([c_volume(rng)]);
         }

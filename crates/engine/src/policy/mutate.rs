@@ -26,6 +26,8 @@ use super::schema::{KindSchema, Step as SchemaStep};
 #[derive(Clone, Debug)]
 enum Ops {
     List(Vec<String>),
+    /// A CEL expression that is a list of operations.
+    Expr(String),
     When(String, Box<Ops>, Box<Ops>),
     All(Vec<Ops>),
 }
@@ -38,6 +40,7 @@ impl Ops {
     fn render(&self) -> String {
         match self {
             Ops::List(ops) => format!("[{}]", ops.join(", ")),
+            Ops::Expr(expr) => format!("({expr})"),
             Ops::When(test, then, _) if test == "true" => then.render(),
             Ops::When(test, then, otherwise) => {
                 format!("({test} ? {} : {})", then.render(), otherwise.render())
@@ -175,7 +178,13 @@ pub(super) struct Ctx<'a> {
     /// CEL true when the rule changes the object: then the record, first in the expression,
     /// leaves `metadata.annotations` present.
     changed: Option<String>,
+    /// In a `forEach`: the list whose elements the paths are relative to.
+    element: Option<Path>,
 }
+
+/// The CEL variables of a `forEach` element and its index.
+const ELEMENT: &str = "el";
+const INDEX: &str = "ix";
 
 impl<'a> Ctx<'a> {
     pub(super) fn new(kinds: &'a [&'static KindSchema]) -> Ctx<'a> {
@@ -183,7 +192,45 @@ impl<'a> Ctx<'a> {
             kinds,
             created: Vec::new(),
             changed: None,
+            element: None,
         }
+    }
+
+    fn root(&self) -> &'static str {
+        if self.element.is_some() {
+            ELEMENT
+        } else {
+            "object"
+        }
+    }
+
+    /// CEL true when `path` is present in the object (or element) as it came in.
+    fn present(&self, path: &Path) -> String {
+        path.present_from(self.root())
+    }
+
+    /// CEL that reads `path` (where [`Ctx::present`] holds).
+    fn access(&self, path: &Path) -> String {
+        path.access_from(self.root())
+    }
+
+    /// The JSON pointer of `path` as a CEL string expression.
+    fn pointer(&self, path: &Path) -> String {
+        match &self.element {
+            None => quote(&path.pointer()),
+            Some(list) if path.0.is_empty() => {
+                format!("{} + \"/\" + string({INDEX})", quote(&list.pointer()))
+            }
+            Some(list) => format!(
+                "{} + \"/\" + string({INDEX}) + {}",
+                quote(&list.pointer()),
+                quote(&path.pointer())
+            ),
+        }
+    }
+
+    fn op(&self, verb: &str, path: &Path, value: Option<&str>) -> String {
+        op_at(verb, &self.pointer(path), value)
     }
 
     /// CEL true when the parent `path` is present where the current mutation's operations
@@ -193,10 +240,10 @@ impl<'a> Ctx<'a> {
             return "true".into();
         }
         match &self.changed {
-            Some(changed) if *path == annotations() => {
-                format!("(({}) || {changed})", path.present())
+            Some(changed) if self.element.is_none() && *path == annotations() => {
+                format!("(({}) || {changed})", self.present(path))
             }
-            _ => path.present(),
+            _ => self.present(path),
         }
     }
 
@@ -218,6 +265,13 @@ impl<'a> Ctx<'a> {
     fn check_write(&self, path: &Path, value: &Value, field: &str) -> Result<(), NotCompiled> {
         path.check()
             .map_err(|reason| NotCompiled::new(field, reason))?;
+        if let Some(list) = &self.element {
+            let mut steps: Vec<SchemaStep<'_>> =
+                list.0.iter().map(|s| SchemaStep::Field(s)).collect();
+            steps.push(SchemaStep::Element);
+            steps.extend(path.0.iter().map(|s| SchemaStep::Field(s)));
+            return self.check_value(&steps, value, field);
+        }
         if path.0.first().map(String::as_str) == Some("metadata") {
             match path.0.get(1) {
                 Some(map) if METADATA_MAPS.contains(&map.as_str()) && path.0.len() >= 3 => {}
@@ -311,14 +365,14 @@ fn merge(
         }
         let child = at.child(key);
         let here = format!("{field}.{key}");
-        let present = child.present();
+        let present = ctx.present(&child);
         match v {
             Value::Null => {
                 ctx.check_write(&child, v, &here)?;
                 writes.push(child.clone());
                 ops.push(Ops::When(
                     present.clone(),
-                    Box::new(Ops::List(vec![op("remove", &child, None)])),
+                    Box::new(Ops::List(vec![ctx.op("remove", &child, None)])),
                     Box::new(Ops::none()),
                 ));
                 changes.push(format!("({present})"));
@@ -336,7 +390,7 @@ fn merge(
                 ops.push(Ops::When(
                     ctx.parent_present(&child),
                     Box::new(deeper),
-                    Box::new(Ops::List(vec![op("add", &child, Some(&added))])),
+                    Box::new(Ops::List(vec![ctx.op("add", &child, Some(&added))])),
                 ));
                 changes.push(format!("(!({present}) || {})", any(deeper_changes)));
             }
@@ -351,8 +405,11 @@ fn merge(
                 ctx.check_write(&child, scalar, &here)?;
                 writes.push(child.clone());
                 let wanted = value(scalar, &here, false)?;
-                ops.push(Ops::List(vec![op("add", &child, Some(&wanted))]));
-                changes.push(format!("!({present} && {} == {wanted})", child.access()));
+                ops.push(Ops::List(vec![ctx.op("add", &child, Some(&wanted))]));
+                changes.push(format!(
+                    "!({present} && {} == {wanted})",
+                    ctx.access(&child)
+                ));
             }
         }
     }
@@ -375,7 +432,7 @@ fn defaults(
         }
         let child = at.child(key);
         let here = format!("{field}.{key}");
-        let present = child.present();
+        let present = ctx.present(&child);
         let added = value(v, &here, false)?;
         match v {
             Value::Object(inner) if !inner.is_empty() => {
@@ -386,7 +443,7 @@ fn defaults(
                 ops.push(Ops::When(
                     ctx.parent_present(&child),
                     Box::new(deeper),
-                    Box::new(Ops::List(vec![op("add", &child, Some(&added))])),
+                    Box::new(Ops::List(vec![ctx.op("add", &child, Some(&added))])),
                 ));
                 changes.push(format!("(!({present}) || {})", any(deeper_changes)));
             }
@@ -396,7 +453,7 @@ fn defaults(
                 ops.push(Ops::When(
                     present.clone(),
                     Box::new(Ops::none()),
-                    Box::new(Ops::List(vec![op("add", &child, Some(&added))])),
+                    Box::new(Ops::List(vec![ctx.op("add", &child, Some(&added))])),
                 ));
                 changes.push(format!("!({present})"));
             }
@@ -407,7 +464,7 @@ fn defaults(
 
 /// Adds `value` at `path`, creating the missing parents as objects (as the engine does).
 fn add_creating(path: &Path, value: String, ctx: &Ctx<'_>) -> Ops {
-    let mut ops = Ops::List(vec![op("add", path, Some(&value))]);
+    let mut ops = Ops::List(vec![ctx.op("add", path, Some(&value))]);
     let mut wrapped = value;
     let mut at = path.clone();
     // From the deepest parent up: where it is missing, add it holding what is below.
@@ -418,7 +475,7 @@ fn add_creating(path: &Path, value: String, ctx: &Ctx<'_>) -> Ops {
         ops = Ops::When(
             ctx.parent_present(&parent),
             Box::new(ops),
-            Box::new(Ops::List(vec![op("add", &parent, Some(&wrapped))])),
+            Box::new(Ops::List(vec![ctx.op("add", &parent, Some(&wrapped))])),
         );
     }
     ops
@@ -457,7 +514,7 @@ fn upsert(
     };
     let element = value(&spec.value, &format!("{field}.value"), false)?;
     let wanted_key = value(key_value, &format!("{field}.value.{}", spec.key), false)?;
-    let list = path.access();
+    let list = ctx.access(&path);
     let element_key = Path(vec![spec.key.clone()]);
     let has_key = element_key.present_from("e");
     let key_of = element_key.access_from("e");
@@ -465,7 +522,7 @@ fn upsert(
     let same = format!("({has_key} && {key_of} == {wanted_key})");
     let found = format!("{list}.exists(e, {same})");
     let index = format!("{list}.map(e, {same}).indexOf(true)");
-    let pointer = quote(&path.pointer());
+    let pointer = ctx.pointer(&path);
     let replace = Ops::When(
         format!("{list}[{index}] == {element}"),
         Box::new(Ops::none()),
@@ -479,7 +536,7 @@ fn upsert(
         Position::Append => op_at("add", &format!("{pointer} + \"/-\""), Some(&element)),
         Position::Prepend => op_at("add", &format!("{pointer} + \"/0\""), Some(&element)),
     };
-    let present = path.present();
+    let present = ctx.present(&path);
     let ops = Ops::When(
         present.clone(),
         Box::new(Ops::When(
@@ -498,6 +555,9 @@ struct Compiled {
     ops: Ops,
     /// CEL true when the mutation will change the object, from the object as it came in.
     changes: String,
+    /// Whether the parents of what it writes are present afterwards, whatever the object (a
+    /// `forEach` creates nothing when its list is missing).
+    creates_parents: bool,
 }
 
 /// One mutation of a rule (`spec.mutations[i]`).
@@ -510,6 +570,16 @@ fn step(
     let Some(kind) = mutation.kinds().next() else {
         return Err(NotCompiled::new(field, "sets no mutation"));
     };
+    step_kind(kind, field, writes, ctx)
+}
+
+/// One mutation, of a rule or of a `forEach` element (`ctx` says which).
+fn step_kind(
+    kind: MutationKind<'_>,
+    field: &str,
+    writes: &mut Writes,
+    ctx: &Ctx<'_>,
+) -> Result<Compiled, NotCompiled> {
     let root = Path(Vec::new());
     let (ops, changes) = match kind {
         MutationKind::Merge(patch) => {
@@ -551,14 +621,162 @@ fn step(
                 "its where conditions are JSONPath; not compiled yet",
             ));
         }
-        MutationKind::ForEach { .. } => {
-            return Err(NotCompiled::new(
-                format!("{field}.forEach"),
-                "a JSONPath over list elements has no exact CEL equivalent yet",
-            ));
+        MutationKind::ForEach { query, mutations } => {
+            if ctx.element.is_some() {
+                return Err(NotCompiled::new(
+                    format!("{field}.forEach"),
+                    "a forEach cannot nest",
+                ));
+            }
+            let (ops, changes) = for_each(query, mutations.unwrap_or(&[]), field, writes, ctx)?;
+            return Ok(Compiled {
+                ops,
+                changes,
+                creates_parents: false,
+            });
         }
     };
-    Ok(Compiled { ops, changes })
+    Ok(Compiled {
+        ops,
+        changes,
+        creates_parents: true,
+    })
+}
+
+/// The lists a `forEach` query selects every element of: `$.a.b[*]`, or a union of lists
+/// under one parent, `$.spec['containers','initContainers'][*]`; `None` for anything else
+/// (filters, recursive descent, slices, ...).
+fn for_each_lists(query: &str) -> Option<Vec<Path>> {
+    let rest = query.trim().strip_suffix("[*]")?;
+    if let Some(open) = rest.rfind('[')
+        && rest.ends_with(']')
+        && rest[open..].contains(',')
+    {
+        let parent = if &rest[..open] == "$" {
+            Path(Vec::new())
+        } else {
+            super::simple_path(&rest[..open])?
+        };
+        let mut names = Vec::new();
+        for part in rest[open + 1..rest.len() - 1].split(',') {
+            let part = part.trim();
+            let quote = part.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+            let name = part.strip_prefix(quote)?.strip_suffix(quote)?;
+            if name.is_empty() || name.contains(['\\', '\'', '"']) {
+                return None;
+            }
+            names.push(parent.child(name));
+        }
+        return Some(names);
+    }
+    Some(vec![super::simple_path(rest)?])
+}
+
+/// `forEach` over every element of the selected lists: each element's mutations, computed
+/// from the element as it came in, the same way a rule's are from the object. The elements
+/// are apart from one another, and from the rule's other mutations (their writes are checked
+/// with the element as `*`).
+fn for_each(
+    query: &str,
+    mutations: &[crate::api::ElementMutation],
+    field: &str,
+    writes: &mut Writes,
+    ctx: &Ctx<'_>,
+) -> Result<(Ops, String), NotCompiled> {
+    let here = format!("{field}.forEach");
+    let lists = for_each_lists(query).ok_or_else(|| {
+        NotCompiled::new(
+            &here,
+            "only a JSONPath that selects every element of lists by name ($.spec.containers[*], $.spec['containers','initContainers'][*]) is compiled; filters and other selectors are not",
+        )
+    })?;
+    if mutations.is_empty() {
+        return Err(NotCompiled::new(
+            format!("{field}.mutations"),
+            "there are no mutations",
+        ));
+    }
+    let mut parts = Vec::new();
+    let mut changes = Vec::new();
+    for list in &lists {
+        list.check()
+            .map_err(|reason| NotCompiled::new(&here, reason))?;
+        let mut steps: Vec<SchemaStep<'_>> = list.0.iter().map(|s| SchemaStep::Field(s)).collect();
+        steps.push(SchemaStep::Element);
+        for kind in ctx.kinds {
+            kind.check(&steps).map_err(|why| {
+                NotCompiled::new(
+                    &here,
+                    format!(
+                        "{} {why}; a compiled forEach walks lists the kinds have",
+                        kind.gvk.kind
+                    ),
+                )
+            })?;
+        }
+        let mut inner = Ctx {
+            kinds: ctx.kinds,
+            created: Vec::new(),
+            changed: None,
+            element: Some(list.clone()),
+        };
+        // First whether an element changes, and that the element's mutations write apart.
+        let mut mine: Writes = Vec::new();
+        let mut element_changes = Vec::new();
+        for (i, mutation) in mutations.iter().enumerate() {
+            let at = format!("{field}.mutations[{i}]");
+            let Some(kind) = mutation.kinds().next() else {
+                return Err(NotCompiled::new(at, "sets no mutation"));
+            };
+            let before = mine.len();
+            let compiled = step_kind(kind, &at, &mut mine, &inner)?;
+            let (earlier, now) = mine.split_at(before);
+            if let Some(clash) = now.iter().find(|w| earlier.iter().any(|e| e.related(w))) {
+                return Err(NotCompiled::new(
+                    at,
+                    format!(
+                        "writes {} which an earlier mutation of the forEach writes too; mutations of a compiled rule must write apart",
+                        clash.pointer()
+                    ),
+                ));
+            }
+            element_changes.push(format!("({})", compiled.changes));
+        }
+        // Then the element's operations, each after what the earlier ones leave.
+        let mut element_ops = Vec::new();
+        let mut written: Writes = Vec::new();
+        for (i, mutation) in mutations.iter().enumerate() {
+            let at = format!("{field}.mutations[{i}]");
+            let Some(kind) = mutation.kinds().next() else {
+                return Err(NotCompiled::new(at, "sets no mutation"));
+            };
+            let before = written.len();
+            let compiled = step_kind(kind, &at, &mut written, &inner)?;
+            inner.wrote(&written[before..]);
+            element_ops.push(compiled.ops);
+        }
+        for write in mine {
+            let mut path = list.clone();
+            path.0.push("*".into());
+            path.0.extend(write.0);
+            writes.push(path);
+        }
+        let present = ctx.present(list);
+        let access = ctx.access(list);
+        parts.push(Ops::When(
+            present.clone(),
+            Box::new(Ops::Expr(format!(
+                "{access}.transformList({INDEX}, {ELEMENT}, {}).flatten()",
+                Ops::All(element_ops).render()
+            ))),
+            Box::new(Ops::none()),
+        ));
+        changes.push(format!(
+            "(({present}) && {access}.exists({ELEMENT}, {}))",
+            any(element_changes)
+        ));
+    }
+    Ok((Ops::All(parts), any(changes)))
 }
 
 fn any(changes: Vec<String>) -> String {
@@ -618,7 +836,9 @@ pub(super) fn rule(
     for (i, mutation) in mutations.iter().enumerate() {
         let before = writes.len();
         let compiled = step(mutation, &format!("spec.mutations[{i}]"), &mut writes, &ctx)?;
-        ctx.wrote(&writes[before..]);
+        if compiled.creates_parents {
+            ctx.wrote(&writes[before..]);
+        }
         parts.push(compiled.ops);
     }
     Ok(RuleExpression {

@@ -58,7 +58,7 @@ fn what_has_no_exact_equivalent_names_the_field() {
     let cases = [
         (
             json!({"match": {"kinds": ["Pod"]}, "mutations": [{"merge": {"metadata": {"labels": {"a": "b"}}}}, {"merge": {"metadata": {"labels": {"c": "d"}}}}, {"forEach": "$.spec.containers[*]", "mutations": [{"rewrite": {"path": "/image", "regex": "(a)", "replacement": "$1"}}]}]}),
-            "spec.mutations[2].forEach",
+            "spec.mutations[2].mutations[0].rewrite",
         ),
         (
             json!({"match": {"kinds": ["Pod"]}, "mutations": [{"rewrite": {"path": "/x", "regex": "(a)", "replacement": "$1"}}]}),
@@ -312,4 +312,68 @@ fn a_rule_is_one_expression_and_later_mutations_see_what_earlier_ones_create() {
         1,
         "{expression}"
     );
+}
+
+#[test]
+fn for_each_over_lists_by_name_compiles_with_the_element_index_in_each_pointer() {
+    let id = RuleId::cluster("sc");
+    let generated = compile(
+        &id,
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [
+            {"forEach": "$.spec['containers','initContainers'][*]", "mutations": [
+                {"defaults": {"securityContext": {"allowPrivilegeEscalation": false}}},
+                {"upsert": {"path": "/env", "key": "name", "value": {"name": "NS", "value": "{{ $.metadata.namespace }}"}}}
+            ]}
+        ]}),
+    )
+    .unwrap();
+    let expression = generated.policy["spec"]["mutations"][0]["jsonPatch"]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        expression.contains("object.spec.containers.transformList(ix, el, "),
+        "{expression}"
+    );
+    assert!(
+        expression.contains("object.spec.initContainers.transformList(ix, el, "),
+        "{expression}"
+    );
+    assert!(
+        expression.contains(r#""/spec/containers" + "/" + string(ix) + "/securityContext""#),
+        "{expression}"
+    );
+    let changed = generated.policy["spec"]["variables"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        changed.contains("object.spec.containers.exists(el, "),
+        "{changed}"
+    );
+
+    let refused = [
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"forEach": "$.spec.containers[?@.name == 'app']", "mutations": [{"merge": {"workingDir": "/w"}}]}]}),
+            "spec.mutations[0].forEach",
+        ),
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"forEach": "$.spec.containers[*]", "mutations": [{"merge": {"workDir": "/w"}}]}]}),
+            "spec.mutations[0].mutations[0].merge.workDir",
+        ),
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"forEach": "$.spec.hostname[*]", "mutations": [{"merge": {"a": "b"}}]}]}),
+            "spec.mutations[0].forEach",
+        ),
+        (
+            // The forEach writes under the list the upsert replaces elements of.
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [
+                {"upsert": {"path": "/spec/containers", "key": "name", "value": {"name": "a", "image": "x"}}},
+                {"forEach": "$.spec.containers[*]", "mutations": [{"merge": {"workingDir": "/w"}}]}
+            ]}),
+            "spec.mutations[1]",
+        ),
+    ];
+    for (rule, field) in refused {
+        let error = compile(&id, rule.clone()).unwrap_err();
+        assert_eq!(error.field, field, "{rule}: {error}");
+    }
 }
