@@ -409,13 +409,20 @@ fn every_value_changes_the_rendered_manifest() {
     tested.push("replicas");
     assert_eq!(find(&custom, "Deployment", name)["spec"]["replicas"], 3);
 
-    tested.extend(["budget", "excludedNamespaces", "extraArgs", "compileRules"]);
+    tested.extend([
+        "budget",
+        "excludedNamespaces",
+        "extraArgs",
+        "compileRules",
+        "maxCompiledRules",
+    ]);
     assert!(
         !template_text(&[]).contains("--compile-rules=auto"),
         "compiling rules is off unless asked for"
     );
     for arg in [
         "--compile-rules=auto",
+        "--max-compiled-rules=40",
         "--budget=750ms",
         "--exclude-namespace=kube-system",
         "--exclude-namespace=monitoring",

@@ -588,6 +588,9 @@ pub fn scale(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<()> {
         let extra: Vec<String> = [
             "--compile-rules",
             compile,
+            // N compiled rules, whatever the default cap: the cap is what this measures.
+            "--max-compiled-rules",
+            "1000000",
             "--exclude-namespace",
             "kube-system",
             "--exclude-namespace",

@@ -128,6 +128,7 @@ fn serving(loaded: &LoadedRules) -> BTreeMap<RuleId, initium_engine::policy::Ser
     let settings = PolicySettings {
         owner: "initium".into(),
         excluded_namespaces: vec!["initium-system".into(), "kube-system".into()],
+        max_compiled: initium_engine::policy::DEFAULT_MAX_COMPILED,
     };
     let specs: Vec<(RuleId, &initium_engine::api::RuleSpec)> = loaded
         .sources

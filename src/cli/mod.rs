@@ -113,6 +113,10 @@ pub struct CheckArgs {
     /// `initium serve --exclude-namespace`).
     #[arg(long = "exclude-namespace", default_values = ["initium-system", "kube-system"], requires = "compile")]
     pub excluded_namespaces: Vec<String>,
+    /// With --compile: at most this many rules compiled, the first in initium's order
+    /// (`initium serve --max-compiled-rules`).
+    #[arg(long, default_value_t = initium_engine::policy::DEFAULT_MAX_COMPILED, requires = "compile")]
+    pub max_compiled_rules: usize,
 }
 
 #[derive(clap::Args, Debug)]
@@ -240,6 +244,7 @@ fn compiled_text(rules: &offline::LoadedRules, args: &CheckArgs) -> Result<Strin
     let settings = PolicySettings {
         owner: args.owner.clone(),
         excluded_namespaces: args.excluded_namespaces.clone(),
+        max_compiled: args.max_compiled_rules,
     };
     let specs: Vec<(initium_engine::RuleId, &initium_engine::api::RuleSpec)> = rules
         .sources

@@ -155,6 +155,8 @@ pub struct ControllerConfig {
     /// Whether Ready rules that a MutatingAdmissionPolicy can serve exactly are compiled to
     /// one (`--compile-rules`; default [`CompileRules::Off`]).
     pub compile_rules: CompileRules,
+    /// At most this many rules compiled (`--max-compiled-rules`).
+    pub max_compiled_rules: usize,
 }
 
 /// `--compile-rules`: whether the API server serves the rules it can (docs/rules.md, "Served
@@ -200,6 +202,7 @@ impl ControllerConfig {
             max_lookups_per_namespace: DEFAULT_MAX_LOOKUPS_PER_NAMESPACE,
             max_gate_objects_per_namespace: DEFAULT_MAX_GATE_OBJECTS_PER_NAMESPACE,
             compile_rules: CompileRules::Off,
+            max_compiled_rules: initium_engine::policy::DEFAULT_MAX_COMPILED,
         }
     }
 
@@ -317,6 +320,7 @@ pub async fn run(
         Arc::new(initium_engine::policy::PolicySettings {
             owner: config.webhook_configuration.clone(),
             excluded_namespaces: excluded,
+            max_compiled: config.max_compiled_rules,
         })
     });
     let ca_bundle = tls.ca_bundle_receiver();

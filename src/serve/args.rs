@@ -166,6 +166,12 @@ pub struct ServeArgs {
     /// "Served by the API server".
     #[arg(long, env = "INITIUM_COMPILE_RULES", value_enum, default_value_t = crate::controller::CompileRules::Off)]
     pub compile_rules: crate::controller::CompileRules,
+    /// With `--compile-rules auto`: at most this many rules are compiled, the first in
+    /// initium's order; the rest stay on the webhook. The API server checks every policy on
+    /// every request it admits: measured on 2 cores, 10 compiled rules cost a Pod less than
+    /// initium's webhook, 100 cost more than twice as much (BENCHMARKS.md, "Compiled rules").
+    #[arg(long, env = "INITIUM_MAX_COMPILED_RULES", default_value_t = initium_engine::policy::DEFAULT_MAX_COMPILED)]
+    pub max_compiled_rules: usize,
 }
 
 impl ServeArgs {

@@ -184,6 +184,7 @@ async fn serve(args: ServeArgs) -> crate::Result<()> {
     config.max_lookups_per_namespace = args.max_lookups_per_namespace;
     config.max_gate_objects_per_namespace = args.max_gate_objects_per_namespace;
     config.compile_rules = args.compile_rules;
+    config.max_compiled_rules = args.max_compiled_rules;
     config.tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => TlsSource::files(
             cert,

@@ -118,7 +118,16 @@ pub struct PolicySettings {
     /// Namespaces initium never intercepts (its own and `--exclude-namespace`): the policies
     /// leave them out too.
     pub excluded_namespaces: Vec<String>,
+    /// At most this many rules are compiled (`--max-compiled-rules`), the first in initium's
+    /// order: the API server checks every policy on every request it admits, so past a few
+    /// dozen the policies cost each request more than one webhook call (BENCHMARKS.md,
+    /// "Compiled rules").
+    pub max_compiled: usize,
 }
+
+/// The default of [`PolicySettings::max_compiled`]: measured where compiled rules stop
+/// costing less than initium's webhook (BENCHMARKS.md, "Compiled rules").
+pub const DEFAULT_MAX_COMPILED: usize = 25;
 
 /// A compiled rule: the policy and its binding, as JSON objects to apply.
 #[derive(Clone, Debug, PartialEq)]
@@ -691,6 +700,7 @@ pub fn plan(
     // its own namespace (those of other namespaces never act on the same objects).
     let mut by_namespace: BTreeMap<Option<&str>, Vec<usize>> = BTreeMap::new();
     let mut out: Vec<Option<Serving>> = vec![None; rules.len()];
+    let mut compiled = 0;
     for &i in &order {
         let (id, spec) = (&rules[i].0, rules[i].1);
         let serving = match compile_policy(id, spec, resources, settings) {
@@ -728,7 +738,21 @@ pub fn plan(
                             rules[j].0.describe()
                         ),
                     )),
-                    None => Serving::ApiServer(Box::new(generated)),
+                    // Past the cap the rule stays on the webhook; the rules after it are still
+                    // checked against it above, so the order rule does not depend on the cap.
+                    None if compiled >= settings.max_compiled => {
+                        Serving::Webhook(NotCompiled::new(
+                            "spec",
+                            format!(
+                                "{} rules before it are compiled already, the most initium compiles (--max-compiled-rules): the API server checks every policy on every request it admits, so each more would cost every request",
+                                settings.max_compiled
+                            ),
+                        ))
+                    }
+                    None => {
+                        compiled += 1;
+                        Serving::ApiServer(Box::new(generated))
+                    }
                 }
             }
         };

@@ -9,6 +9,7 @@ fn settings() -> PolicySettings {
     PolicySettings {
         owner: "initium".into(),
         excluded_namespaces: vec!["initium-system".into(), "kube-system".into()],
+        max_compiled: DEFAULT_MAX_COMPILED,
     }
 }
 
@@ -376,4 +377,33 @@ fn for_each_over_lists_by_name_compiles_with_the_element_index_in_each_pointer()
         let error = compile(&id, rule.clone()).unwrap_err();
         assert_eq!(error.field, field, "{rule}: {error}");
     }
+}
+
+#[test]
+fn past_the_cap_rules_stay_on_the_webhook_in_order() {
+    let rule = spec(
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [{"merge": {"metadata": {"labels": {"x": "y"}}}}]}),
+    );
+    let rules: Vec<(RuleId, &RuleSpec)> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|ns| (RuleId::namespaced(ns, "r"), &rule))
+        .collect();
+    let mut capped = settings();
+    capped.max_compiled = 2;
+    let served = plan(&rules, &BuiltinResources, &capped);
+    assert!(served[0].generated().is_some());
+    assert!(served[1].generated().is_some());
+    for s in &served[2..] {
+        let Serving::Webhook(reason) = s else {
+            panic!("{s:?}")
+        };
+        assert_eq!(reason.field, "spec");
+        assert!(reason.reason.contains("--max-compiled-rules"), "{reason}");
+    }
+    capped.max_compiled = 0;
+    assert!(
+        plan(&rules, &BuiltinResources, &capped)
+            .iter()
+            .all(|s| s.generated().is_none())
+    );
 }
