@@ -40,6 +40,9 @@
 //! cluster doing the same work, so its release latencies are what a plain client gets from
 //! this API server on this machine: the floor under initium's figures.
 //!
+//! With `--compare N`, N runs of each, alternating (initium first), each its own process and
+//! cluster, and the median of initium's release p99 over the floor's, pair by pair.
+//!
 //! If Pods are not released within `--timeout-seconds` of the endpoint being ready (no gate
 //! controller running, say), it reports what it measured, says so, and exits with status 1.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed step is a failed test
@@ -97,6 +100,11 @@ struct Args {
     #[arg(long, default_value_t = 64, requires = "floor",
           value_parser = clap::value_parser!(u32).range(1..=1_000))]
     floor_concurrency: u32,
+    /// Alternate initium and the floor (`--floor`), this many times each, each run on a
+    /// cluster of its own with the other flags as given; report each run's release p99 and
+    /// the median of initium's p99 over the floor's.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20), conflicts_with = "floor")]
+    compare: Option<u32>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -136,6 +144,15 @@ rules:
 
 fn main() {
     let args = Args::parse();
+    if let Some(runs) = args.compare {
+        match compare(runs) {
+            Ok(()) => return,
+            Err(e) => {
+                eprintln!("gate benchmark failed: {e:#}");
+                std::process::exit(1);
+            }
+        }
+    }
     match run(&args) {
         Ok(true) => {}
         Ok(false) => std::process::exit(1),
@@ -144,6 +161,91 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// `--compare N`: this benchmark run again, N times with initium releasing and N times with
+/// `--floor`, alternating (initium first), each a process and a cluster of its own; then each
+/// run's release figures and the median ratio of initium's p99 to the floor's (the ratio of
+/// each pair, so both sides of a ratio ran minutes apart).
+fn compare(runs: u32) -> Result<()> {
+    let exe = std::env::current_exe().context("finding the benchmark's own binary")?;
+    // The other flags as given, without --compare and its value.
+    let mut passed = Vec::new();
+    let mut given = std::env::args().skip(1);
+    while let Some(arg) = given.next() {
+        if arg == "--compare" {
+            given.next();
+        } else if !arg.starts_with("--compare=") {
+            passed.push(arg);
+        }
+    }
+    let mut pairs = Vec::new();
+    for run in 1..=runs {
+        let mut pair = Vec::new();
+        for floor in [false, true] {
+            let releaser = if floor { "floor" } else { "initium" };
+            eprintln!("bench: compare: run {run} of {runs}, {releaser}");
+            let mut command = std::process::Command::new(&exe);
+            command.args(&passed);
+            if floor {
+                command.arg("--floor");
+            }
+            let out = command
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .with_context(|| format!("running {}", exe.display()))?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            print!("{stdout}");
+            let line: Value = stdout
+                .lines()
+                .rev()
+                .find_map(|l| serde_json::from_str(l).ok())
+                .with_context(|| format!("run {run} ({releaser}) printed no JSON summary"))?;
+            if line["complete"] != true {
+                bail!("run {run} ({releaser}) did not release every Pod: see its report above");
+            }
+            pair.push((
+                line["release"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
+                line["release"]["p50_ms"].as_f64().unwrap_or(f64::NAN),
+                line["release"]["all_released_s"].as_f64().unwrap_or(f64::NAN),
+            ));
+        }
+        pairs.push((pair[0], pair[1]));
+    }
+    println!("gate --compare {runs}: release latency after the endpoint was ready, initium then the floor");
+    let mut ratios = Vec::new();
+    for (i, (initium, floor)) in pairs.iter().enumerate() {
+        let ratio = initium.0 / floor.0;
+        ratios.push(ratio);
+        println!(
+            "  run {}: initium p50 {:.0} ms p99 {:.0} ms (all {:.2} s); floor p50 {:.0} ms p99 {:.0} ms (all {:.2} s); p99 ratio {ratio:.2}",
+            i + 1,
+            initium.1,
+            initium.0,
+            initium.2,
+            floor.1,
+            floor.0,
+            floor.2
+        );
+    }
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    println!(
+        "  median p99 ratio initium / floor: {median:.2} (goal <= 1.00: {})",
+        if median <= 1.0 { "met" } else { "not met" }
+    );
+    println!(
+        "{}",
+        json!({
+            "bench": "gate-compare",
+            "runs": runs,
+            "p99_ratios": ratios.iter().map(|r| round(*r, 3)).collect::<Vec<_>>(),
+            "median_p99_ratio": round(median, 3),
+            "goal_met": median <= 1.0,
+        })
+    );
+    Ok(())
 }
 
 /// The gate the rule adds (`engine::gate_name`: `initium.dev/<namespace>.<rule>`).
