@@ -744,7 +744,7 @@ spec:
         "  MutationRule payments/theirs (priority 100): not a candidate: a MutationRule applies only to namespaced objects of its own namespace (payments)",
         "  MutationRule shop/default-resources (priority 100): mode Audit, would change the object (not kept):",
         "      {\"op\":\"add\",\"path\":\"/spec/containers/0/resources\",\"value\":{\"requests\":{\"cpu\":\"100m\",\"memory\":\"128Mi\"}}}",
-        "  ClusterMutationRule strict (priority 200): failed and rejects the object (failurePolicy Fail): spec.mutations[0]: patch[0] replace /spec/nothing: path is invalid",
+        "  ClusterMutationRule strict (priority 200): failed and rejects the object (failurePolicy Fail): spec.mutations[0]: patch[0] replace /spec/nothing: there is no member at the path to replace; `add` sets a member whether it is there or not",
         "  ClusterMutationRule last (priority 300): not run: a rule before it rejected the object",
         "  1 rule(s) for other kinds: ClusterMutationRule deployments (--all lists them)",
     ];
@@ -858,6 +858,209 @@ fn explain_compile_says_under_each_rule_how_it_would_be_served() {
     );
     assert!(
         stdout.contains("name: initium.cmr.default-team-label"),
+        "{stdout}"
+    );
+}
+
+/// Writes `files` (name, text) into a fresh directory of this test and returns it.
+fn scratch(test: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("initium-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, content) in files {
+        std::fs::write(dir.join(name), content).unwrap();
+    }
+    dir
+}
+
+const NAMESPACE_LABEL_RULE: &str = r#"apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: ns-label}
+spec:
+  match: {kinds: [ConfigMap]}
+  mutations:
+    - merge: {metadata: {labels: {ns: "{{ $.metadata.namespace }}"}}}
+"#;
+
+#[test]
+fn explain_apply_and_test_agree_on_an_object_without_a_namespace() {
+    let dir = scratch(
+        "no-namespace",
+        &[
+            ("rules.yaml", NAMESPACE_LABEL_RULE),
+            (
+                "objects.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n",
+            ),
+            (
+                "expected.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, labels: {ns: team-a}, annotations: {initium.dev/mutated-by: ns-label}}\ndata: {a: b}\n",
+            ),
+            (
+                "initium-test.yaml",
+                "apiVersion: initium.dev/v1alpha1\nkind: RuleTest\nmetadata: {name: t}\nrules: [rules.yaml]\nnamespace: team-a\ncases:\n  - name: no namespace\n    objects: [objects.yaml]\n    expected: [expected.yaml]\n",
+            ),
+        ],
+    );
+    let rules = dir.join("rules.yaml");
+    let objects = dir.join("objects.yaml");
+    let (rules, objects) = (rules.to_str().unwrap(), objects.to_str().unwrap());
+    let apply = initium(&[
+        "apply", "-n", "team-a", "-r", rules, "-f", objects, "-o", "json",
+    ]);
+    assert!(apply.status.success(), "{}", text(&apply.stderr));
+    assert!(
+        text(&apply.stdout).contains("\"ns\": \"team-a\""),
+        "{}",
+        text(&apply.stdout)
+    );
+    let explain = initium(&["explain", "-n", "team-a", "-r", rules, "-f", objects]);
+    assert!(explain.status.success(), "{}", text(&explain.stderr));
+    assert_eq!(
+        text(&explain.stdout),
+        "ConfigMap c (".to_string()
+            + objects
+            + ")\n  ClusterMutationRule ns-label (priority 100): changed the object:\n      \
+               {\"op\":\"add\",\"path\":\"/metadata/labels\",\"value\":{\"ns\":\"team-a\"}}\n"
+    );
+    let test = initium(&["test", dir.to_str().unwrap()]);
+    assert!(
+        test.status.success(),
+        "{}{}",
+        text(&test.stdout),
+        text(&test.stderr)
+    );
+}
+
+#[test]
+fn explain_says_an_object_is_excluded_and_which_list_elements_were_removed() {
+    let dir = scratch(
+        "explain-wording",
+        &[
+            (
+                "rules.yaml",
+                r#"apiVersion: initium.dev/v1alpha1
+kind: ClusterMutationRule
+metadata: {name: drop-x}
+spec:
+  match: {kinds: [Pod]}
+  exclude: {names: ["debug-*"]}
+  mutations:
+    - remove: {path: /spec/tolerations, where: [{path: "@.key", matches: "^x"}]}
+"#,
+            ),
+            (
+                "objects.yaml",
+                r#"apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: shop}
+spec:
+  containers: [{name: a, image: nginx}]
+  tolerations: [{key: x1}, {key: "y"}, {key: x2}, {key: z}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: debug-1, namespace: shop}
+spec:
+  containers: [{name: a, image: nginx}]
+"#,
+            ),
+        ],
+    );
+    let out = initium(&[
+        "explain",
+        "-r",
+        dir.join("rules.yaml").to_str().unwrap(),
+        "-f",
+        dir.join("objects.yaml").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().skip(1).collect();
+    assert_eq!(
+        lines,
+        [
+            "  ClusterMutationRule drop-x (priority 100): changed the object:",
+            "      removed elements 0 and 2 of /spec/tolerations",
+            lines[2],
+            "  ClusterMutationRule drop-x (priority 100): not matched: the object is excluded by spec.exclude",
+            "      spec.exclude: {\"names\":[\"debug-*\"]}",
+        ],
+        "{stdout}"
+    );
+}
+
+#[test]
+fn check_refuses_what_the_api_server_or_the_engine_would_refuse_later_and_says_what_to_do() {
+    let rule = |name: &str, rest: &str| {
+        format!(
+            "apiVersion: initium.dev/v1alpha1\nkind: ClusterMutationRule\nmetadata: {{name: {name}}}\nspec:\n  match: {{kinds: [Pod]}}\n{rest}"
+        )
+    };
+    let cases = [
+        (
+            rule(
+                "backup",
+                "  mutations:\n    - merge: {metadata: {labels: {backup: yes}}}\n",
+            ),
+            "spec.mutations[0].merge.metadata.labels.backup: a label or annotation value must be a string, not a boolean (unquoted, YAML reads yes, no, on, off, true, false and numbers as such): quote it",
+        ),
+        (
+            rule(
+                "last",
+                "  mutations:\n    - patch: [{op: add, path: /spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/-1/matchExpressions/-, value: {key: a, operator: Exists}}]\n",
+            ),
+            "spec.mutations[0].patch[0].path: \"-1\" is not a list index: JSON pointers count list elements from 0 and have no negative indexes; write `-` to add at the end of a list, or the element's index (a key that looks like a negative number can be set with `merge`)",
+        ),
+        (
+            rule(
+                "any-in",
+                "  conditions: [{path: $.metadata.name, in: [a, b]}]\n  mutations:\n    - merge: {metadata: {labels: {a: b}}}\n",
+            ),
+            "spec.conditions[0].in: `in` takes a JSONPath query whose selected values the path's value must be among, not a list; to test against fixed values write `matches: '^(a|b)$'`",
+        ),
+        (
+            rule(
+                "computed",
+                "  lookups: [{name: d, configMap: {name: images}}]\n  mutations:\n    - merge: {metadata: {labels: {a: \"{{ lookups.d.data[@.image] }}\"}}}\n",
+            ),
+            "spec.mutations[0].merge (at /metadata/labels/a): template {{ lookups.d.data[@.image] }}: lookups.d.data[@.image] names a member by a computed key, which is not supported (expected selector): name the key, as in lookups.d.data.key",
+        ),
+    ];
+    for (i, (rule, want)) in cases.iter().enumerate() {
+        let dir = scratch(&format!("check-{i}"), &[("rule.yaml", rule)]);
+        let out = initium(&["check", "-r", dir.join("rule.yaml").to_str().unwrap()]);
+        assert!(!out.status.success(), "{rule}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(want), "{want}\nnot in:\n{stderr}");
+    }
+}
+
+#[test]
+fn a_test_case_missing_expected_objects_names_them() {
+    let dir = scratch(
+        "test-missing",
+        &[
+            ("rules.yaml", NAMESPACE_LABEL_RULE),
+            (
+                "objects.yaml",
+                "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: shop}\n",
+            ),
+            (
+                "expected.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: shop, labels: {ns: shop}, annotations: {initium.dev/mutated-by: ns-label}}\n",
+            ),
+            (
+                "initium-test.yaml",
+                "apiVersion: initium.dev/v1alpha1\nkind: RuleTest\nmetadata: {name: t}\nrules: [rules.yaml]\ncases:\n  - name: short\n    objects: [objects.yaml]\n    expected: [expected.yaml]\n",
+            ),
+        ],
+    );
+    let out = initium(&["test", dir.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("2 input object(s) but 1 expected object(s); no expected object for Namespace shop: list every input object under expected (the ConfigMaps and Namespaces the rules read too), each as the rules leave it"),
         "{stdout}"
     );
 }

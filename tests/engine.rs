@@ -588,7 +588,9 @@ fn an_add_into_an_object_is_the_rfc_6902_add() {
     // another type, and inside a forEach element.
     let ops = json!([
         {"op": "add", "path": "/metadata/labels/team", "value": "a"},
-        {"op": "add", "path": "/metadata/labels/team", "value": {"now": ["an", "object"]}},
+        {"op": "add", "path": "/metadata/labels/team", "value": "b"},
+        {"op": "add", "path": "/spec/priority", "value": 6},
+        {"op": "add", "path": "/spec/priority", "value": {"now": ["an", "object"]}},
         {"op": "add", "path": "/metadata/annotations/example.com~1a~0b", "value": "c"},
         {"op": "add", "path": "/spec/priority", "value": 7}
     ]);

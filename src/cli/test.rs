@@ -270,11 +270,33 @@ fn run_case(
         return Ok(problems);
     }
     if expected.len() != outputs.len() {
-        problems.push(format!(
+        let mut unmatched: Vec<String> =
+            expected.iter().map(|e| describe_object(&e.value)).collect();
+        let mut missing = Vec::new();
+        for actual in &outputs {
+            let name = describe_object(actual);
+            match unmatched.iter().position(|e| *e == name) {
+                Some(at) => {
+                    unmatched.remove(at);
+                }
+                None => missing.push(name),
+            }
+        }
+        let mut problem = format!(
             "{} input object(s) but {} expected object(s)",
             outputs.len(),
             expected.len()
-        ));
+        );
+        if !missing.is_empty() {
+            problem.push_str(&format!("; no expected object for {}", missing.join(", ")));
+        }
+        if !unmatched.is_empty() {
+            problem.push_str(&format!("; no input object for {}", unmatched.join(", ")));
+        }
+        problem.push_str(
+            ": list every input object under expected (the ConfigMaps and Namespaces the rules read too), each as the rules leave it",
+        );
+        problems.push(problem);
         return Ok(problems);
     }
     for (actual, want) in outputs.iter().zip(&expected) {

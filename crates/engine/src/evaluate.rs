@@ -451,7 +451,7 @@ fn identity_pointer(field: &str) -> &'static Pointer {
 
 /// What `metadata.namespace` / `metadata.name` held before the request's values were filled in.
 #[derive(Clone, Copy)]
-enum Prior {
+pub(super) enum Prior {
     Absent,
     Empty,
 }
@@ -466,9 +466,9 @@ impl Prior {
 }
 
 /// The fields filled in from the request: (field, value filled in, what was there).
-type Filled = Vec<(&'static str, String, Prior)>;
+pub(super) type Filled = Vec<(&'static str, String, Prior)>;
 
-fn fill_identity(object: &mut Value, subject: &Subject) -> Filled {
+pub(super) fn fill_identity(object: &mut Value, subject: &Subject) -> Filled {
     let mut filled = Vec::new();
     let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
         return filled;
@@ -496,6 +496,16 @@ fn fill_identity(object: &mut Value, subject: &Subject) -> Filled {
         ));
     }
     filled
+}
+
+/// Takes the filled-in fields out of the object, unless a rule set them to something else.
+pub(super) fn unfill_object(object: &mut Value, filled: &Filled) {
+    for (field, value, prior) in filled {
+        let pointer = identity_pointer(field);
+        if pointer.get(object).and_then(Value::as_str) == Some(value.as_str()) {
+            pointer.set(object, prior.value());
+        }
+    }
 }
 
 /// Takes the filled-in fields out of the object (unless a rule set them to something else)

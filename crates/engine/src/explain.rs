@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::api::{FailurePolicy, Mode};
 
-use super::evaluate::{Verdict, audit, rules_namespace};
+use super::evaluate::{Verdict, audit, fill_identity, rules_namespace, unfill_object};
 use super::index::RuleIndex;
 use super::limits::{Limits, Meter};
 use super::rule::RuleResult;
@@ -52,6 +52,9 @@ impl RuleIndex {
         let namespace = rules_namespace(subject, &object).map(str::to_string);
         let namespaced_object = subject.namespace.is_some_and(|n| !n.is_empty());
         let mut doc = object;
+        // As in admission: rules see the object with the request's namespace and name filled
+        // in, so `explain` and `apply` agree on an object that names no namespace.
+        let filled = fill_identity(&mut doc, subject);
         let mut meter = Meter::new(limits, None);
         let mut rejected = false;
         let mut steps = Vec::with_capacity(self.rules().len());
@@ -120,6 +123,7 @@ impl RuleIndex {
                 what,
             });
         }
+        unfill_object(&mut doc, &filled);
         (steps, doc)
     }
 }
@@ -141,17 +145,16 @@ impl Step {
     /// One line for a person: `changed: add /metadata/labels/team`, `not matched:
     /// spec.match.labels does not hold`, ...
     pub fn describe(&self) -> String {
-        let ops = |ops: &[PatchOperation]| {
-            ops.iter()
-                .map(|op| serde_json::to_string(op).unwrap_or_default())
-                .collect::<Vec<_>>()
-        };
+        let ops = describe_ops;
         match &self.what {
             StepResult::OtherNamespace => format!(
                 "not a candidate: a MutationRule applies only to namespaced objects of its own \
                  namespace ({})",
                 self.rule.namespace.as_deref().unwrap_or_default()
             ),
+            StepResult::NotMatched(field) if field == "spec.exclude" => {
+                "not matched: the object is excluded by spec.exclude".into()
+            }
             StepResult::NotMatched(field) => format!("not matched: {field} does not hold"),
             StepResult::Changed(changes) => {
                 format!(
@@ -186,4 +189,45 @@ impl Step {
             StepResult::NotRun => "not run: a rule before it rejected the object".into(),
         }
     }
+}
+
+/// The operations one per line, as JSON, but the elements taken out of one list together:
+/// `removed elements 0 and 2 of /spec/tolerations`.
+fn describe_ops(ops: &[PatchOperation]) -> Vec<String> {
+    let list_element = |op: &PatchOperation| match op {
+        PatchOperation::Remove(r) => {
+            let path = r.path.to_string();
+            let (list, index) = path.rsplit_once('/')?;
+            let index: usize = index.parse().ok()?;
+            Some((list.to_string(), index))
+        }
+        _ => None,
+    };
+    let mut lines = Vec::new();
+    let mut i = 0;
+    while i < ops.len() {
+        if let Some((list, index)) = list_element(&ops[i]) {
+            let mut indexes = vec![index];
+            let mut j = i + 1;
+            while let Some((next, index)) = ops.get(j).and_then(list_element)
+                && next == list
+            {
+                indexes.push(index);
+                j += 1;
+            }
+            indexes.sort_unstable();
+            let listed: Vec<String> = indexes.iter().map(usize::to_string).collect();
+            let listed = match listed.split_last() {
+                Some((last, [])) => format!("element {last}"),
+                Some((last, rest)) => format!("elements {} and {last}", rest.join(", ")),
+                None => String::new(),
+            };
+            lines.push(format!("removed {listed} of {list}"));
+            i = j;
+        } else {
+            lines.push(serde_json::to_string(&ops[i]).unwrap_or_default());
+            i += 1;
+        }
+    }
+    lines
 }

@@ -452,6 +452,16 @@ pub(crate) fn diff(
         }
         (Some(Value::Array(b)), Some(Value::Array(a))) => {
             let len = path.len();
+            // Elements taken out of a list (the `remove` mutation): said as the removals,
+            // not as every later element replaced by the one after it.
+            if let Some(removed) = removed_elements(b, a) {
+                for i in removed.into_iter().rev() {
+                    push_index(path, i);
+                    ops.push(PatchOp::Remove(path.clone()), None);
+                    path.truncate(len);
+                }
+                return;
+            }
             for i in 0..b.len().min(a.len()) {
                 push_index(path, i);
                 diff(Some(&b[i]), Some(&a[i]), path, ops);
@@ -470,6 +480,24 @@ pub(crate) fn diff(
         }
         (Some(_), Some(a)) => ops.push(PatchOp::Replace(path.clone()), Some(a)),
     }
+}
+
+/// The indexes of `before` whose removal leaves `after`, when `after` is `before` with some
+/// elements taken out (and nothing else changed).
+fn removed_elements(before: &[Value], after: &[Value]) -> Option<Vec<usize>> {
+    if after.len() >= before.len() {
+        return None;
+    }
+    let mut removed = Vec::with_capacity(before.len() - after.len());
+    let mut kept = after.iter().peekable();
+    for (i, value) in before.iter().enumerate() {
+        if kept.peek() == Some(&value) {
+            kept.next();
+        } else {
+            removed.push(i);
+        }
+    }
+    (kept.peek().is_none() && removed.len() == before.len() - after.len()).then_some(removed)
 }
 
 fn push_index(path: &mut String, i: usize) {
@@ -564,6 +592,8 @@ mod tests {
                 json!({"a": [1, {"b": 3, "c": 4}], "z": null}),
             ),
             (json!("x"), json!({"y": 1})),
+            (json!([1, 2, 3, 4]), json!([2, 4])),
+            (json!([1, 2, 2, 3]), json!([2])),
         ] {
             let mut ops = Vec::new();
             diff(Some(&b), Some(&a), &mut String::new(), &mut ops);

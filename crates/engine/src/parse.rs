@@ -115,9 +115,17 @@ pub fn parse_rule(doc: &Value, default_namespace: &str) -> Result<RuleSource, Ru
             } else {
                 format!("spec.{}", dotted(&path))
             };
+            let mut message = e.into_inner().to_string();
+            if field.starts_with("spec.conditions[")
+                && field.ends_with("].in")
+                && message.starts_with("invalid type: sequence")
+            {
+                // Kyverno's `operator: AnyIn` with a list of values.
+                message = "`in` takes a JSONPath query whose selected values the path's value must be among, not a list; to test against fixed values write `matches: '^(a|b)$'`".into();
+            }
             Err(RuleErrors {
                 rule,
-                errors: vec![FieldError::new(field, e.into_inner().to_string())],
+                errors: vec![FieldError::new(field, message)],
             })
         }
         Ok(_) if !unknown.is_empty() => Err(RuleErrors {

@@ -226,7 +226,7 @@ impl Pointer {
 
     /// The value at the pointer, creating missing containers on the way (and `leaf` at the
     /// end): a list where the next token is `-` or a list index ([`Pointer::names_list_slot`]),
-    /// an object otherwise. Fails where an existing value on the way is not a container that
+    /// an object otherwise; in a list, `-` or the index one past the end is a new element. Fails where an existing value on the way is not a container that
     /// can hold the next step.
     pub fn get_or_create<'a>(
         &self,
@@ -250,6 +250,24 @@ impl Pointer {
                 }),
                 Value::Array(items) => match parse_index(&token) {
                     Some(i) if i < items.len() => &mut items[i],
+                    // A parent on the way that is one past the end (`-`, or the index of the
+                    // next element) is created as the list's new element, so `add
+                    // /spec/terms/0/expressions/-` works on an object without terms.
+                    Some(i) if i == items.len() => {
+                        items.push(match next {
+                            None => leaf.take().map(|f| f()).unwrap_or(Value::Null),
+                            Some(_) => new_container(next),
+                        });
+                        &mut items[i]
+                    }
+                    None if token == "-" => {
+                        items.push(match next {
+                            None => leaf.take().map(|f| f()).unwrap_or(Value::Null),
+                            Some(_) => new_container(next),
+                        });
+                        let last = items.len() - 1;
+                        &mut items[last]
+                    }
                     _ => {
                         return Err(PointerError::NoListElement {
                             pointer: self.text.clone(),
@@ -449,6 +467,15 @@ fn step_mut<'a>(v: &'a mut Value, token: &str) -> Option<&'a mut Value> {
         Value::Object(map) => map.get_mut(token),
         Value::Array(items) => parse_index(token).and_then(|i| items.get_mut(i)),
         _ => None,
+    }
+}
+
+/// The container a missing parent is created as: a list where the token after it is `-` or
+/// an index, an object otherwise.
+fn new_container(next: Option<&str>) -> Value {
+    match next {
+        Some(next) if names_list_slot(next) => Value::Array(Vec::new()),
+        _ => Value::Object(Default::default()),
     }
 }
 
@@ -1551,13 +1578,23 @@ mod tests {
             err.to_string(),
             "/spec/volumes: cannot descend into a string at \"/spec\""
         );
-        // A missing container whose next token is `-` or an index is a list.
+        // A missing container whose next token is `-` or an index is a list, and `-` (or
+        // the index one past the end) on the way is its new element: never an object key.
         let mut doc = json!({"spec": {}});
         Pointer::parse("/spec/a/-/b")
             .unwrap()
             .get_or_create(&mut doc, || json!(1))
+            .unwrap();
+        assert_eq!(doc, json!({"spec": {"a": [{"b": 1}]}}));
+        Pointer::parse("/spec/c/0/1/d")
+            .unwrap()
+            .get_or_create(&mut doc, || json!(2))
             .unwrap_err();
-        assert_eq!(doc, json!({"spec": {"a": []}}));
+        Pointer::parse("/spec/c/0/0/d")
+            .unwrap()
+            .get_or_create(&mut doc, || json!(2))
+            .unwrap();
+        assert_eq!(doc["spec"]["c"], json!([[{"d": 2}]]));
         assert!(
             Pointer::parse("/spec/tolerations/-")
                 .unwrap()

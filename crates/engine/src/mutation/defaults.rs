@@ -59,7 +59,7 @@ impl Defaults {
         journal: &mut Journal,
         meter: &mut Meter,
     ) -> Result<(), Stop> {
-        let value = site.render(&self.value, meter)?;
+        let value = site.render_missing(&self.value, meter)?;
         let base = site.base();
         let target = site.target()?;
         count_write(meter, &self.value, value.rendered(), base.depth())?;

@@ -79,6 +79,9 @@ pub(crate) fn compile(
 
 /// Compiles one kind of mutation, at `at` (the mutation's field path).
 fn compile_kind(kind: MutationKind, at: &str, cx: &mut Compiler) -> Option<Mutation> {
+    if !cx.in_for_each && !metadata_values_are_strings(&kind, at, cx) {
+        return None;
+    }
     match kind {
         MutationKind::Merge(patch) => merge::compile(patch, at, cx).map(Mutation::Merge),
         MutationKind::Patch(ops) => patch::compile(ops, at, cx).map(Mutation::Patch),
@@ -250,7 +253,19 @@ impl Compiler<'_> {
         if !self.fixed(text, field, "a path is fixed when the rule is compiled; to change places the object chooses, select them with forEach, and to name a key after a value, template a key of a merge or patch value") {
             return None;
         }
-        Pointer::parse(text).map_err(|e| self.push(field, e)).ok()
+        let pointer = Pointer::parse(text).map_err(|e| self.push(field, e)).ok()?;
+        // `-1` is no list index in a JSON pointer (RFC 6901); followed where a parent is
+        // created it would become an object key, and on a list it fails: refuse it here.
+        if let Some((token, _)) = pointer.tokens().find(|(t, _)| is_negative_index(t)) {
+            self.push(
+                field,
+                format!(
+                    "{token:?} is not a list index: JSON pointers count list elements from 0 and have no negative indexes; write `-` to add at the end of a list, or the element's index (a key that looks like a negative number can be set with `merge`)"
+                ),
+            );
+            return None;
+        }
+        Some(pointer)
     }
 
     /// False, with the rule's error, when `text` — a field that is not a template value —
@@ -366,6 +381,36 @@ impl<'a> Site<'a> {
         Ok(Rendered::Value(template.render(&scope, meter)?))
     }
 
+    /// [`Site::render`] for `defaults`: only the fields the target lacks are rendered
+    /// ([`Template::render_missing`]).
+    pub fn render_missing<'t>(
+        &self,
+        template: &'t Template,
+        meter: &mut Meter,
+    ) -> Result<Rendered<'t>, Stop> {
+        if let Some(literal) = template.literal() {
+            return Ok(Rendered::Literal(literal));
+        }
+        let Place::Object(doc) = &self.place else {
+            return Err(MutationError::NotRendered.into());
+        };
+        let doc: &Value = doc;
+        let element = if template.uses_element() {
+            self.base.get(doc)
+        } else {
+            None
+        };
+        let scope = Scope {
+            object: doc,
+            element,
+            lookups: self.lookups,
+        };
+        let current = self.base.get(doc);
+        Ok(Rendered::Value(
+            template.render_missing(&scope, current, meter)?,
+        ))
+    }
+
     /// The object as it is now (`None` inside a `forEach` that renders nothing) and the value
     /// the mutation changes, to read before changing it.
     pub fn peek(&self) -> Result<(Option<&Value>, &Value), Stop> {
@@ -446,6 +491,14 @@ pub enum MutationError {
     /// An RFC 6902 operation failed (its place in the patch is the context).
     #[error("{0}")]
     Patch(#[from] json_patch::PatchErrorKind),
+    #[error(
+        "there is no member at the path to remove; to remove a field only when it is there, merge `null` into it, and to remove list elements by what they hold, use the `remove: {{path, where}}` mutation"
+    )]
+    RemoveMissing,
+    #[error(
+        "there is no member at the path to replace; `add` sets a member whether it is there or not"
+    )]
+    ReplaceMissing,
     #[error("forEach cannot be nested")]
     NestedForEach,
     /// A gate rule matched a Pod that is already bound to a node.
@@ -456,6 +509,96 @@ pub enum MutationError {
     /// A mutation whose templates render was applied where nothing can be rendered: a bug.
     #[error("a template of the mutation was not rendered")]
     NotRendered,
+}
+
+/// False, with the rule's error, where a mutation of the whole object writes a label or
+/// annotation value that is not a string: the API server would refuse every object the rule
+/// changes. (`backup: yes` is a boolean to YAML 1.1, which kubectl reads rules with.)
+fn metadata_values_are_strings(kind: &MutationKind, at: &str, cx: &mut Compiler) -> bool {
+    let mut ok = true;
+    match kind {
+        MutationKind::Merge(patch) => {
+            ok &= check_metadata(
+                &format!("{at}.merge.metadata"),
+                patch.get("metadata"),
+                true,
+                cx,
+            )
+        }
+        MutationKind::Defaults(value) => {
+            ok &= check_metadata(
+                &format!("{at}.defaults.metadata"),
+                value.get("metadata"),
+                // A null default is refused on its own (find_null).
+                true,
+                cx,
+            )
+        }
+        MutationKind::Patch(ops) => {
+            for (i, op) in ops.iter().enumerate() {
+                let Some(value) = &op.value else { continue };
+                if !matches!(op.op, api::PatchOp::Add | api::PatchOp::Replace) {
+                    continue;
+                }
+                let field = format!("{at}.patch[{i}].value");
+                let tokens: Vec<&str> = op.path.split('/').collect();
+                match tokens.as_slice() {
+                    ["", "metadata"] => ok &= check_metadata(&field, Some(value), false, cx),
+                    ["", "metadata", "labels" | "annotations"] => {
+                        if let Value::Object(entries) = value {
+                            for (key, v) in entries {
+                                ok &= check_string(format!("{field}.{key}"), v, false, cx);
+                            }
+                        }
+                    }
+                    ["", "metadata", "labels" | "annotations", _] => {
+                        ok &= check_string(field, value, false, cx)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
+    ok
+}
+
+fn check_metadata(
+    field: &str,
+    metadata: Option<&Value>,
+    removable: bool,
+    cx: &mut Compiler,
+) -> bool {
+    let mut ok = true;
+    for meta in ["labels", "annotations"] {
+        if let Some(Value::Object(entries)) = metadata.and_then(|m| m.get(meta)) {
+            for (key, value) in entries {
+                ok &= check_string(format!("{field}.{meta}.{key}"), value, removable, cx);
+            }
+        }
+    }
+    ok
+}
+
+fn check_string(field: String, value: &Value, removable: bool, cx: &mut Compiler) -> bool {
+    if value.is_string() || (removable && value.is_null()) {
+        return true;
+    }
+    cx.push(
+        field,
+        format!(
+            "a label or annotation value must be a string, not {} (unquoted, YAML reads yes, no, on, off, true, false and numbers as such): quote it",
+            crate::path::type_name(value)
+        ),
+    );
+    false
+}
+
+/// `-1`, `-20`: what Kyverno users write for "the last element".
+fn is_negative_index(token: &str) -> bool {
+    token
+        .strip_prefix('-')
+        .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
 }
 
 #[cfg(test)]
@@ -486,6 +629,168 @@ mod tests {
             &mut Journal::default(),
             &mut meter,
         )
+    }
+
+    fn apply_journal(m: &Mutation, doc: &mut Value) -> (Result<(), Stop>, Journal) {
+        let limits = Limits::default();
+        let mut meter = Meter::new(&limits, None);
+        let mut journal = Journal::default();
+        let result = m.apply(doc, &Pointer::root(), &[], &mut journal, &mut meter);
+        (result, journal)
+    }
+
+    #[test]
+    fn a_negative_list_index_is_refused_when_the_rule_is_compiled() {
+        for path in [
+            "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/-1/matchExpressions/-",
+            "/spec/tolerations/-1",
+        ] {
+            let errors = compile_errors(
+                json!({"patch": [{"op": "add", "path": path, "value": {"key": "a"}}]}),
+            );
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(
+                errors[0]
+                    .starts_with("spec.mutations[0].patch[0].path: \"-1\" is not a list index")
+                    && errors[0].contains("write `-` to add at the end of a list"),
+                "{errors:?}"
+            );
+        }
+        let errors = compile_errors(
+            json!({"upsert": {"path": "/spec/containers/-1/env", "key": "name", "value": {"name": "a"}}}),
+        );
+        assert!(errors[0].contains("is not a list index"), "{errors:?}");
+        // `-` and indexes are list tokens as before; a key like `-x` is a key.
+        compiled(json!({"patch": [{"op": "add", "path": "/spec/tolerations/-", "value": {}}]}));
+        compiled(json!({"patch": [{"op": "add", "path": "/data/-x", "value": "1"}]}));
+    }
+
+    #[test]
+    fn add_creates_a_missing_list_element_on_the_way() {
+        let m = compiled(json!({"patch": [{"op": "add",
+            "path": "/spec/affinity/nodeAffinity/terms/0/matchExpressions/-",
+            "value": {"key": "a", "operator": "Exists"}}]}));
+        let mut doc = json!({"spec": {}});
+        apply(&m, &mut doc).unwrap();
+        assert_eq!(
+            doc,
+            json!({"spec": {"affinity": {"nodeAffinity": {"terms": [
+                {"matchExpressions": [{"key": "a", "operator": "Exists"}]}]}}}})
+        );
+        // With `-` on the way, a new element is appended; an existing one is used.
+        let m = compiled(json!({"patch": [{"op": "add", "path": "/spec/terms/-/x", "value": 1}]}));
+        let mut doc = json!({"spec": {"terms": [{"y": 2}]}});
+        apply(&m, &mut doc).unwrap();
+        assert_eq!(doc, json!({"spec": {"terms": [{"y": 2}, {"x": 1}]}}));
+        let m = compiled(json!({"patch": [{"op": "add", "path": "/spec/terms/0/x", "value": 1}]}));
+        apply(&m, &mut doc).unwrap();
+        assert_eq!(
+            doc,
+            json!({"spec": {"terms": [{"y": 2, "x": 1}, {"x": 1}]}})
+        );
+        // An index past the next element is still an error, and no list token becomes a key.
+        let m = compiled(json!({"patch": [{"op": "add", "path": "/spec/terms/5/x", "value": 1}]}));
+        let error = apply(&m, &mut doc).unwrap_err().to_string();
+        assert!(error.contains("no list element \"5\""), "{error}");
+    }
+
+    #[test]
+    fn removing_a_missing_member_says_so_and_what_to_use() {
+        let m = compiled(json!({"patch": [{"op": "remove", "path": "/metadata/labels/gone"}]}));
+        let mut doc = json!({"metadata": {"labels": {}}});
+        let error = apply(&m, &mut doc).unwrap_err().to_string();
+        assert!(
+            error.contains("there is no member at the path to remove")
+                && error.contains("merge `null`")
+                && error.contains("`remove: {path, where}`"),
+            "{error}"
+        );
+        assert!(!error.contains("path is invalid"), "{error}");
+    }
+
+    #[test]
+    fn removing_the_for_each_element_points_at_the_remove_mutation() {
+        let errors = compile_errors(json!({"forEach": "$.spec.containers[*]",
+            "mutations": [{"patch": [{"op": "remove", "path": ""}]}]}));
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("use the `remove: {path, where}` mutation")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn label_and_annotation_values_must_be_strings() {
+        let errors = compile_errors(json!({"merge": {"metadata": {
+            "labels": {"backup": true, "ok": "yes", "gone": null},
+            "annotations": {"n": 3}}}}));
+        assert_eq!(
+            errors,
+            [
+                "spec.mutations[0].merge.metadata.labels.backup: a label or annotation value must be a string, not a boolean (unquoted, YAML reads yes, no, on, off, true, false and numbers as such): quote it",
+                "spec.mutations[0].merge.metadata.annotations.n: a label or annotation value must be a string, not a number (unquoted, YAML reads yes, no, on, off, true, false and numbers as such): quote it",
+            ]
+        );
+        let errors =
+            compile_errors(json!({"defaults": {"metadata": {"labels": {"backup": false}}}}));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("spec.mutations[0].defaults.metadata.labels.backup: "));
+        let errors = compile_errors(json!({"patch": [
+            {"op": "add", "path": "/metadata/labels/backup", "value": true},
+            {"op": "add", "path": "/metadata/annotations", "value": {"a": 1}},
+            {"op": "add", "path": "/metadata/labels/fine", "value": "x"}]}));
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("spec.mutations[0].patch[0].value: "));
+        assert!(errors[1].starts_with("spec.mutations[0].patch[1].value.a: "));
+    }
+
+    #[test]
+    fn a_key_template_that_selects_nothing_changes_nothing() {
+        let m = compiled(json!({"merge": {"metadata": {"annotations": {
+            "c/{{ $.spec.initContainers[*].name }}": "x"}}}}));
+        let mut doc = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a"}]}});
+        let before = doc.clone();
+        let (result, journal) = apply_journal(&m, &mut doc);
+        result.unwrap();
+        assert_eq!(doc, before);
+        assert!(!journal.changed(&doc));
+    }
+
+    #[test]
+    fn defaults_render_only_the_fields_they_write() {
+        // `app` is kept: its template, which selects nothing, is not rendered.
+        let m = compiled(json!({"defaults": {"metadata": {"labels": {
+            "app": "{{ $.metadata.annotations.app }}",
+            "tier": "{{ default($.metadata.annotations.tier, 'web') }}"}}}}));
+        let mut doc = json!({"metadata": {"labels": {"app": "shop"}}});
+        apply(&m, &mut doc).unwrap();
+        assert_eq!(
+            doc,
+            json!({"metadata": {"labels": {"app": "shop", "tier": "web"}}})
+        );
+        // A field it would write still fails when its template selects nothing.
+        let mut doc = json!({"metadata": {}});
+        assert!(apply(&m, &mut doc).is_err());
+    }
+
+    #[test]
+    fn a_default_that_renders_null_sets_nothing() {
+        let m = compiled(json!({"defaults": {"metadata": {"labels": {
+            "team": "{{ default($.metadata.annotations.team, null) }}"}}}}));
+        let mut doc = json!({"metadata": {"labels": {"app": "shop"}}});
+        let before = doc.clone();
+        let (result, journal) = apply_journal(&m, &mut doc);
+        result.unwrap();
+        assert_eq!(doc, before, "no `team: null` label");
+        assert!(!journal.changed(&doc));
+        // Without labels: no `labels: {}` either.
+        let mut doc = json!({"metadata": {"name": "p"}});
+        apply(&m, &mut doc).unwrap();
+        assert_eq!(doc, json!({"metadata": {"name": "p"}}));
+        let mut doc = json!({"metadata": {"annotations": {"team": "a"}}});
+        apply(&m, &mut doc).unwrap();
+        assert_eq!(doc["metadata"]["labels"], json!({"team": "a"}));
     }
 
     #[test]
@@ -747,7 +1052,7 @@ mod tests {
                 {"patch": [{"op": "remove", "path": ""}]}
             ]})),
             [
-                "spec.mutations[0].mutations[0].patch[0].path: remove cannot remove the forEach element; point the path at a field inside it"
+                "spec.mutations[0].mutations[0].patch[0].path: remove cannot remove the forEach element; point the path at a field inside it, or to remove list elements use the `remove: {path, where}` mutation on the list (outside forEach)"
             ]
         );
         assert_eq!(

@@ -91,7 +91,13 @@ pub(super) fn compile(ops: &[api::PatchOperation], at: &str, cx: &mut Compiler) 
         {
             cx.push(
                 format!("{at}.path"),
-                format!("remove cannot remove {whole}; point the path at a field inside it"),
+                if cx.in_for_each {
+                    format!(
+                        "remove cannot remove {whole}; point the path at a field inside it, or to remove list elements use the `remove: {{path, where}}` mutation on the list (outside forEach)"
+                    )
+                } else {
+                    format!("remove cannot remove {whole}; point the path at a field inside it")
+                },
             );
             continue;
         }
@@ -264,6 +270,15 @@ impl PatchStep {
                 map.insert(last.clone(), value);
                 return Ok(());
             }
+        }
+        if matches!(self.op, PatchOp::Remove | PatchOp::Replace) && self.path.get(target).is_none()
+        {
+            return Err(if self.op == PatchOp::Remove {
+                MutationError::RemoveMissing
+            } else {
+                MutationError::ReplaceMissing
+            }
+            .into());
         }
         let path = self.path_buf.clone();
         let from = || self.from.clone().unwrap_or_default();

@@ -142,6 +142,60 @@ impl Template {
     pub fn render(&self, scope: &Scope, meter: &mut Meter) -> Result<Value, Stop> {
         render_node(&self.node, scope, meter)
     }
+
+    /// Renders, as `defaults` needs it, only the fields `current` (what the object has where
+    /// the value goes) lacks: a template of a field the object keeps is not rendered, so it
+    /// cannot fail the rule. A field whose template renders `null` is left out (a default
+    /// of null sets nothing).
+    pub fn render_missing(
+        &self,
+        scope: &Scope,
+        current: Option<&Value>,
+        meter: &mut Meter,
+    ) -> Result<Value, Stop> {
+        Ok(render_missing(&self.node, scope, current, meter)?
+            .unwrap_or_else(|| Value::Object(Map::new())))
+    }
+}
+
+fn render_missing(
+    node: &Node,
+    scope: &Scope,
+    current: Option<&Value>,
+    meter: &mut Meter,
+) -> Result<Option<Value>, Stop> {
+    let Node::Object(entries) = node else {
+        let value = render_node(node, scope, meter)?;
+        return Ok((!value.is_null()).then_some(value));
+    };
+    let empty = Map::new();
+    let have = match current {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(have)) => have,
+        // A list or scalar where the defaults have an object: it stays, nothing to render.
+        Some(_) => return Ok(None),
+    };
+    let mut map = Map::new();
+    for (k, n) in entries {
+        let keys = match k {
+            Key::Literal(k) => vec![k.clone()],
+            Key::Parts { parts, .. } => render_keys(parts, scope, meter)?,
+        };
+        for key in keys {
+            let kept = have.get(&key).filter(|v| !v.is_null());
+            if kept.is_some_and(|v| !(v.is_object() && matches!(n, Node::Object(_)))) {
+                // Kept as it is: nothing to render.
+                continue;
+            }
+            if let Some(value) = render_missing(n, scope, kept, meter)?
+                && let Entry::Vacant(slot) = map.entry(key)
+            {
+                slot.insert(value);
+            }
+        }
+    }
+    // Nothing to write below: not an empty object either.
+    Ok((!map.is_empty() || entries.is_empty()).then_some(Value::Object(map)))
 }
 
 /// The regular expressions the `replace()` calls in the templates of `value` compile (its
@@ -316,7 +370,16 @@ fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, S
                     // A key over a query that selected nothing: no entry.
                     continue;
                 }
-                let mut value = Some(render_node(n, scope, meter)?);
+                let rendered = render_node(n, scope, meter)?;
+                if let (Node::Object(written), Value::Object(got)) = (n, &rendered)
+                    && !written.is_empty()
+                    && got.is_empty()
+                {
+                    // Every key below was a query that selected nothing: nothing to write
+                    // here either (not an empty object the patch would create).
+                    continue;
+                }
+                let mut value = Some(rendered);
                 if keys.len() > 1
                     && let Some(v) = &value
                 {

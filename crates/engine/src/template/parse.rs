@@ -228,9 +228,26 @@ impl<'s, 'o> Parser<'s, 'o> {
                 }
             })?,
         };
-        let query = Query::parse(&format!("${rest}")).map_err(|source| TemplateError::Query {
-            expr: self.source(),
-            source,
+        let query = Query::parse(&format!("${rest}")).map_err(|source| {
+            // Say it about what the user wrote (`lookups.d.data[...]`), not the query it
+            // becomes.
+            let problem = match source {
+                crate::path::QueryError::Invalid { problem, .. }
+                    if rest.contains("[@") || rest.contains("[$") =>
+                {
+                    format!(
+                        "{text} names a member by a computed key, which is not supported ({problem}): name the key, as in lookups.{name}.data.key"
+                    )
+                }
+                crate::path::QueryError::Invalid { problem, .. } => {
+                    format!("{text} is not a valid lookup query: {problem}")
+                }
+                other => other.to_string(),
+            };
+            TemplateError::Syntax {
+                expr: self.source(),
+                problem,
+            }
         })?;
         Ok(Expr::Query(QueryExpr {
             root: Root::Lookup(position),
