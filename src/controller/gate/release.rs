@@ -227,7 +227,11 @@ pub(crate) struct Events {
 /// Events queued at most; more are dropped (and logged) rather than held in memory.
 const EVENT_QUEUE: usize = 10_000;
 /// Events written at once.
-const EVENTS_IN_FLIGHT: usize = 4;
+const EVENTS_IN_FLIGHT: usize = 2;
+/// How long no release write must have been in flight before Events are written: a wave's
+/// writes start and end in bursts as its Pods' decisions arrive, and an Event between two
+/// bursts takes the API server from the next.
+const EVENTS_AFTER_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
 
 enum EventJob {
     Released {
@@ -249,8 +253,22 @@ impl Events {
         tokio::spawn(async move {
             let slots = Arc::new(Semaphore::new(EVENTS_IN_FLIGHT));
             while let Some(job) = jobs.recv().await {
-                // Releases first. The duty gone (sender dropped) ends the wait too.
-                let _ = writing.wait_for(|writes| *writes == 0).await;
+                // Releases first: when a write is in flight, wait until none has been for
+                // EVENTS_AFTER_QUIET. The duty gone (sender dropped) ends the wait too.
+                while *writing.borrow() != 0 {
+                    if writing.wait_for(|writes| *writes == 0).await.is_err() {
+                        break;
+                    }
+                    match tokio::time::timeout(
+                        EVENTS_AFTER_QUIET,
+                        writing.wait_for(|writes| *writes != 0),
+                    )
+                    .await
+                    {
+                        Ok(Ok(_)) => continue,
+                        Ok(Err(_)) | Err(_) => break,
+                    }
+                }
                 let Ok(slot) = slots.clone().acquire_owned().await else {
                     break;
                 };
