@@ -207,12 +207,16 @@ fn compare(runs: u32) -> Result<()> {
             pair.push((
                 line["release"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
                 line["release"]["p50_ms"].as_f64().unwrap_or(f64::NAN),
-                line["release"]["all_released_s"].as_f64().unwrap_or(f64::NAN),
+                line["release"]["all_released_s"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
             ));
         }
         pairs.push((pair[0], pair[1]));
     }
-    println!("gate --compare {runs}: release latency after the endpoint was ready, initium then the floor");
+    println!(
+        "gate --compare {runs}: release latency after the endpoint was ready, initium then the floor"
+    );
     let mut ratios = Vec::new();
     for (i, (initium, floor)) in pairs.iter().enumerate() {
         let ratio = initium.0 / floor.0;
