@@ -821,7 +821,7 @@ fn check_compile_shows_how_each_rule_would_be_served_and_the_generated_policies(
     );
     assert!(
         stdout.contains(
-            "# MutationRule payments/test-certs: served by the webhook: spec.mutations[3].patch:"
+            "# MutationRule payments/test-certs: served by the webhook: spec.priority: ClusterMutationRule docker-hub-mirror comes before it"
         ),
         "{stdout}"
     );

@@ -1385,6 +1385,16 @@ fn c_mutation(rng: &mut Rng, shape: CShape) -> Value {
             // An empty object, and a list of scalars.
             json!({ verb: {"spec": {"x": ["a", 1, true], "y": {}}} })
         }
+        (9, _, _) => {
+            // RFC 6902 adds of scalars to fields: compiled as the merge that does the same.
+            let mut operations = vec![
+                json!({"op": "add", "path": "/metadata/labels/team", "value": *rng.pick(C_LABEL_VALUES)}),
+            ];
+            if rng.chance(50) {
+                operations.push(json!({"op": "add", "path": "/metadata/annotations/example.com~1note", "value": NAMESPACE_TEMPLATE}));
+            }
+            json!({ "patch": operations })
+        }
         _ => json!({ "merge": {"metadata": {"labels": {"team": c_string(rng, C_LABEL_VALUES)}}} }),
     }
 }

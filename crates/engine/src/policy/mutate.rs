@@ -603,11 +603,10 @@ fn step_kind(
             (ops, any(changes))
         }
         MutationKind::Upsert(spec) => upsert(spec, &format!("{field}.upsert"), writes, ctx)?,
-        MutationKind::Patch(_) => {
-            return Err(NotCompiled::new(
-                format!("{field}.patch"),
-                "RFC 6902 operations fail differently in the API server (a failing operation there is not the rule failing); not compiled",
-            ));
+        MutationKind::Patch(operations) => {
+            let merged = patch_as_merge(operations, &format!("{field}.patch"))?;
+            let (ops, changes) = merge(&root, &merged, &format!("{field}.patch"), writes, ctx)?;
+            (ops, any(changes))
         }
         MutationKind::Rewrite(_) => {
             return Err(NotCompiled::new(
@@ -641,6 +640,69 @@ fn step_kind(
         changes,
         creates_parents: true,
     })
+}
+
+/// A `patch` made only of `add`s of strings, numbers and booleans to fields, as the merge
+/// patch that does the same: the engine's `add` sets the field, creating missing parents as
+/// objects, as a merge does (the schemas decide that no step is into a list). An `add` of an
+/// object or list replaces what is there, which a merge does not; the other operations fail
+/// the rule where the field is missing, which a policy does differently.
+fn patch_as_merge(
+    operations: &[crate::api::PatchOperation],
+    field: &str,
+) -> Result<Map<String, Value>, NotCompiled> {
+    let mut merged = Map::new();
+    for (i, operation) in operations.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        if operation.op != crate::api::PatchOp::Add || operation.from.is_some() {
+            return Err(NotCompiled::new(
+                format!("{at}.op"),
+                "only `add` is compiled: the other operations fail the rule where a field is missing, which a policy's patch does differently",
+            ));
+        }
+        let value = match &operation.value {
+            Some(v @ (Value::String(_) | Value::Number(_) | Value::Bool(_))) => v.clone(),
+            _ => {
+                return Err(NotCompiled::new(
+                    format!("{at}.value"),
+                    "only an `add` of a string, number or boolean is compiled: an object or list replaces what is there, and null sets a null",
+                ));
+            }
+        };
+        let tokens: Vec<String> = crate::path::Pointer::parse(&operation.path)
+            .map_err(|e| NotCompiled::new(format!("{at}.path"), e.to_string()))?
+            .tokens()
+            .map(|(t, _)| t.into_owned())
+            .collect();
+        let Some((last, parents)) = tokens.split_last() else {
+            return Err(NotCompiled::new(
+                format!("{at}.path"),
+                "an `add` of the whole object is not compiled",
+            ));
+        };
+        let mut map = &mut merged;
+        for token in parents {
+            let next = map
+                .entry(token.clone())
+                .or_insert_with(|| Value::Object(Map::new()));
+            let Value::Object(inner) = next else {
+                return Err(related_add(&at));
+            };
+            map = inner;
+        }
+        if map.contains_key(last) {
+            return Err(related_add(&at));
+        }
+        map.insert(last.clone(), value);
+    }
+    Ok(merged)
+}
+
+fn related_add(at: &str) -> NotCompiled {
+    NotCompiled::new(
+        format!("{at}.path"),
+        "writes where an earlier operation of the patch writes; not compiled",
+    )
 }
 
 /// The lists a `forEach` query selects every element of: `$.a.b[*]`, or a union of lists

@@ -407,3 +407,49 @@ fn past_the_cap_rules_stay_on_the_webhook_in_order() {
             .all(|s| s.generated().is_none())
     );
 }
+
+#[test]
+fn a_patch_of_scalar_adds_to_fields_compiles_as_the_merge_that_does_the_same() {
+    let id = RuleId::namespaced("payments", "ns-annotation");
+    let generated = compile(
+        &id,
+        json!({"match": {"kinds": ["Pod"]}, "mutations": [{"patch": [
+            {"op": "add", "path": "/metadata/annotations/certs.example.com~1namespace", "value": "{{ $.metadata.namespace }}"}
+        ]}]}),
+    )
+    .unwrap();
+    let expression = generated.policy["spec"]["mutations"][0]["jsonPatch"]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        expression.contains(
+            r#"JSONPatch{op: "add", path: "/metadata/annotations/certs.example.com~1namespace", value: request.namespace}"#
+        ),
+        "{expression}"
+    );
+    let id = RuleId::cluster("r");
+    for (rule, field) in [
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"patch": [{"op": "remove", "path": "/metadata/labels/a"}]}]}),
+            "spec.mutations[0].patch[0].op",
+        ),
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"patch": [{"op": "add", "path": "/spec/nodeSelector", "value": {"a": "b"}}]}]}),
+            "spec.mutations[0].patch[0].value",
+        ),
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"patch": [{"op": "add", "path": "/spec/tolerations/-", "value": "x"}]}]}),
+            "spec.mutations[0].patch.spec.tolerations.-",
+        ),
+        (
+            json!({"match": {"kinds": ["Pod"]}, "mutations": [{"patch": [
+                {"op": "add", "path": "/metadata/labels/a", "value": "1"},
+                {"op": "add", "path": "/metadata/labels/a", "value": "2"}
+            ]}]}),
+            "spec.mutations[0].patch[1].path",
+        ),
+    ] {
+        let error = compile(&id, rule.clone()).unwrap_err();
+        assert_eq!(error.field, field, "{rule}: {error}");
+    }
+}
