@@ -363,22 +363,27 @@ impl<'a> Site<'a> {
         if let Some(literal) = template.literal() {
             return Ok(Rendered::Literal(literal));
         }
+        let scope = self.scope(template)?;
+        Ok(Rendered::Value(template.render(&scope, meter)?))
+    }
+
+    /// What a template renders against: the object as it is now, and `@` (looked up only
+    /// for templates that use it).
+    fn scope(&self, template: &Template) -> Result<Scope<'_>, Stop> {
         let Place::Object(doc) = &self.place else {
             return Err(MutationError::NotRendered.into());
         };
         let doc: &Value = doc;
-        // `@` is looked up only for templates that use it.
         let element = if template.uses_element() {
             self.base.get(doc)
         } else {
             None
         };
-        let scope = Scope {
+        Ok(Scope {
             object: doc,
             element,
             lookups: self.lookups,
-        };
-        Ok(Rendered::Value(template.render(&scope, meter)?))
+        })
     }
 
     /// [`Site::render`] for `defaults`: only the fields the target lacks are rendered
@@ -391,21 +396,8 @@ impl<'a> Site<'a> {
         if let Some(literal) = template.literal() {
             return Ok(Rendered::Literal(literal));
         }
-        let Place::Object(doc) = &self.place else {
-            return Err(MutationError::NotRendered.into());
-        };
-        let doc: &Value = doc;
-        let element = if template.uses_element() {
-            self.base.get(doc)
-        } else {
-            None
-        };
-        let scope = Scope {
-            object: doc,
-            element,
-            lookups: self.lookups,
-        };
-        let current = self.base.get(doc);
+        let scope = self.scope(template)?;
+        let current = self.base.get(scope.object);
         Ok(Rendered::Value(
             template.render_missing(&scope, current, meter)?,
         ))

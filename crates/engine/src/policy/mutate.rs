@@ -560,17 +560,68 @@ struct Compiled {
     creates_parents: bool,
 }
 
-/// One mutation of a rule (`spec.mutations[i]`).
-fn step(
-    mutation: &Mutation,
-    field: &str,
-    writes: &mut Writes,
+/// Each mutation's kind with its field (`spec.mutations[i]`), or the first that sets none.
+fn kinds_of<'m>(
+    kinds: impl Iterator<Item = Option<MutationKind<'m>>>,
+    at: &str,
+) -> Result<Vec<(String, MutationKind<'m>)>, NotCompiled> {
+    kinds
+        .enumerate()
+        .map(|(i, kind)| {
+            let field = format!("{at}[{i}]");
+            match kind {
+                Some(kind) => Ok((field, kind)),
+                None => Err(NotCompiled::new(field, "sets no mutation")),
+            }
+        })
+        .collect()
+}
+
+/// The first pass over a rule's (or a `forEach` element's) mutations: whether each changes
+/// the object as it came in, and that they write apart (`whose` names the list in the
+/// reason). Returns the changes and every write.
+fn changes_apart(
+    steps: &[(String, MutationKind<'_>)],
+    whose: &str,
     ctx: &Ctx<'_>,
-) -> Result<Compiled, NotCompiled> {
-    let Some(kind) = mutation.kinds().next() else {
-        return Err(NotCompiled::new(field, "sets no mutation"));
-    };
-    step_kind(kind, field, writes, ctx)
+) -> Result<(Vec<String>, Writes), NotCompiled> {
+    let mut writes: Writes = Vec::new();
+    let mut changes = Vec::new();
+    for (field, kind) in steps {
+        let before = writes.len();
+        let compiled = step_kind(*kind, field, &mut writes, ctx)?;
+        let (earlier, mine) = writes.split_at(before);
+        if let Some(clash) = mine.iter().find(|w| earlier.iter().any(|e| e.related(w))) {
+            return Err(NotCompiled::new(
+                field,
+                format!(
+                    "writes {} which an earlier mutation of the {whose} writes too; mutations of a compiled rule must write apart",
+                    clash.pointer()
+                ),
+            ));
+        }
+        changes.push(format!("({})", compiled.changes));
+    }
+    Ok((changes, writes))
+}
+
+/// The second pass: each mutation's operations, after the parents the earlier ones leave
+/// present.
+fn operations(
+    steps: &[(String, MutationKind<'_>)],
+    ctx: &mut Ctx<'_>,
+) -> Result<Vec<Ops>, NotCompiled> {
+    let mut writes: Writes = Vec::new();
+    let mut parts = Vec::new();
+    for (field, kind) in steps {
+        let before = writes.len();
+        let compiled = step_kind(*kind, field, &mut writes, ctx)?;
+        if compiled.creates_parents {
+            ctx.wrote(&writes[before..]);
+        }
+        parts.push(compiled.ops);
+    }
+    Ok(parts)
 }
 
 /// One mutation, of a rule or of a `forEach` element (`ctx` says which).
@@ -782,41 +833,14 @@ fn for_each(
             changed: None,
             element: Some(list.clone()),
         };
+        let steps = kinds_of(
+            mutations.iter().map(|m| m.kinds().next()),
+            &format!("{field}.mutations"),
+        )?;
         // First whether an element changes, and that the element's mutations write apart.
-        let mut mine: Writes = Vec::new();
-        let mut element_changes = Vec::new();
-        for (i, mutation) in mutations.iter().enumerate() {
-            let at = format!("{field}.mutations[{i}]");
-            let Some(kind) = mutation.kinds().next() else {
-                return Err(NotCompiled::new(at, "sets no mutation"));
-            };
-            let before = mine.len();
-            let compiled = step_kind(kind, &at, &mut mine, &inner)?;
-            let (earlier, now) = mine.split_at(before);
-            if let Some(clash) = now.iter().find(|w| earlier.iter().any(|e| e.related(w))) {
-                return Err(NotCompiled::new(
-                    at,
-                    format!(
-                        "writes {} which an earlier mutation of the forEach writes too; mutations of a compiled rule must write apart",
-                        clash.pointer()
-                    ),
-                ));
-            }
-            element_changes.push(format!("({})", compiled.changes));
-        }
+        let (element_changes, mine) = changes_apart(&steps, "forEach", &inner)?;
         // Then the element's operations, each after what the earlier ones leave.
-        let mut element_ops = Vec::new();
-        let mut written: Writes = Vec::new();
-        for (i, mutation) in mutations.iter().enumerate() {
-            let at = format!("{field}.mutations[{i}]");
-            let Some(kind) = mutation.kinds().next() else {
-                return Err(NotCompiled::new(at, "sets no mutation"));
-            };
-            let before = written.len();
-            let compiled = step_kind(kind, &at, &mut written, &inner)?;
-            inner.wrote(&written[before..]);
-            element_ops.push(compiled.ops);
-        }
+        let element_ops = operations(&steps, &mut inner)?;
         for write in mine {
             let mut path = list.clone();
             path.0.push("*".into());
@@ -869,40 +893,16 @@ pub(super) fn rule(
     written: &str,
     kinds: &[&'static KindSchema],
 ) -> Result<RuleExpression, NotCompiled> {
+    let steps = kinds_of(mutations.iter().map(|m| m.kinds().next()), "spec.mutations")?;
     // First, whether the rule changes the object, and that its mutations write apart.
     let mut ctx = Ctx::new(kinds);
-    let mut writes: Writes = Vec::new();
-    let mut changes = Vec::new();
-    for (i, mutation) in mutations.iter().enumerate() {
-        let field = format!("spec.mutations[{i}]");
-        let before = writes.len();
-        let compiled = step(mutation, &field, &mut writes, &ctx)?;
-        let (earlier, mine) = writes.split_at(before);
-        if let Some(clash) = mine.iter().find(|w| earlier.iter().any(|e| e.related(w))) {
-            return Err(NotCompiled::new(
-                field,
-                format!(
-                    "writes {} which an earlier mutation of the rule writes too; mutations of a compiled rule must write apart",
-                    clash.pointer()
-                ),
-            ));
-        }
-        changes.push(format!("({})", compiled.changes));
-    }
+    let (changes, _) = changes_apart(&steps, "rule", &ctx)?;
     let changed = any(changes);
     // Then the expression: the record, and each mutation after what the earlier ones leave.
     let variable = format!("variables.{CHANGED}");
     ctx.changed = Some(variable.clone());
     let mut parts = vec![record(written, &variable)];
-    let mut writes: Writes = Vec::new();
-    for (i, mutation) in mutations.iter().enumerate() {
-        let before = writes.len();
-        let compiled = step(mutation, &format!("spec.mutations[{i}]"), &mut writes, &ctx)?;
-        if compiled.creates_parents {
-            ctx.wrote(&writes[before..]);
-        }
-        parts.push(compiled.ops);
-    }
+    parts.extend(operations(&steps, &mut ctx)?);
     Ok(RuleExpression {
         changed,
         patch: Ops::All(parts).render(),
