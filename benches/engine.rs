@@ -62,7 +62,10 @@ fn measure(
         namespace: Some("shop"),
         name: None,
         namespace_labels: None,
-        ran_before: RanBefore::Listed { stored: None },
+        ran_before: RanBefore::Listed {
+            stored: None,
+            stored_template: None,
+        },
         lookups: None,
     };
     let mut group = c.benchmark_group(format!("{name}_{size}b"));

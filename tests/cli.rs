@@ -50,6 +50,7 @@ fn every_example_has_a_passing_test_case() {
         names,
         [
             "audit-mode",
+            "autogen",
             "default-labels",
             "from-kyverno",
             "podpreset",
@@ -73,7 +74,7 @@ fn every_example_has_a_passing_test_case() {
     let out = initium(&["test", "examples"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.ends_with("14 passed, 0 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("16 passed, 0 failed\n"), "{stdout}");
 }
 
 #[test]
@@ -285,7 +286,7 @@ fn check_accepts_the_examples() {
     let out = initium(&["check", "-r", "examples"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).ends_with("13 rule(s) valid\n"),
+        text(&out.stdout).ends_with("14 rule(s) valid\n"),
         "{}",
         text(&out.stdout)
     );

@@ -536,3 +536,239 @@ spec:
         );
     }
 }
+
+/// A MutationRule that stamps every Pod and appends a toleration (not idempotent: a second
+/// run on a Pod would add a second one); with `autogen`, also to the Pod templates of the
+/// five controllers `autogen: {}` covers.
+fn template_rule(namespace: &str, autogen: bool) -> String {
+    format!(
+        r#"apiVersion: initium.dev/v1alpha1
+kind: MutationRule
+metadata: {{name: tolerate, namespace: {namespace}}}
+spec:
+  match: {{kinds: [Pod]}}
+{autogen}  mutations:
+    - merge: {{metadata: {{labels: {{{STAMP}: templated}}, annotations: {{{INITIALIZED}: "true"}}}}}}
+    - patch: [{{op: add, path: /spec/tolerations/-, value: {{key: example.com/spot, operator: Exists}}}}]
+"#,
+        autogen = if autogen { "  autogen: {}\n" } else { "" },
+    )
+}
+
+/// The five controllers `autogen: {}` covers, each with a Pod template labelled
+/// `app: <name>`.
+fn controllers_yaml(namespace: &str) -> String {
+    let template = |app: &str, restart: &str| {
+        format!(
+            "metadata: {{labels: {{app: {app}}}}}\n      spec: {{restartPolicy: {restart}, containers: [{{name: app, image: registry.example.com/app:1}}]}}"
+        )
+    };
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: {namespace}}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+      {web}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {{name: db, namespace: {namespace}}}
+spec:
+  serviceName: db
+  replicas: 1
+  selector: {{matchLabels: {{app: db}}}}
+  template:
+      {db}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: agent, namespace: {namespace}}}
+spec:
+  selector: {{matchLabels: {{app: agent}}}}
+  template:
+      {agent}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {{name: batch, namespace: {namespace}}}
+spec:
+  template:
+      {batch}
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {{name: nightly, namespace: {namespace}}}
+spec:
+  schedule: "0 0 1 1 *"
+  suspend: true
+  jobTemplate:
+    spec:
+      template:
+          {nightly}
+"#,
+        web = template("web", "Always"),
+        db = template("db", "Always"),
+        agent = template("agent", "Always"),
+        batch = template("batch", "Never"),
+        nightly = template("nightly", "Never").replace("\n      ", "\n          "),
+    )
+}
+
+/// The tolerations of ours in a Pod spec (the API server adds its own).
+fn ours(spec: &serde_json::Value) -> usize {
+    spec["tolerations"].as_array().map_or(0, |t| {
+        t.iter().filter(|t| t["key"] == "example.com/spot").count()
+    })
+}
+
+/// `kubectl get <resource> <name> -o json`, as a user sees it.
+fn get_json(namespace: &str, resource: &str, name: &str) -> serde_json::Value {
+    let output = cluster()
+        .kubectl()
+        .args(["get", resource, name, "-n", namespace, "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "kubectl get {resource} {name}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// Autogen on the whole cluster: with `spec.autogen` the Deployment, StatefulSet, DaemonSet,
+/// Job and CronJob (and a Job made from the CronJob) carry the mutation in their Pod templates
+/// as `kubectl get -o json` shows them; without it they are as written. Either way, every Pod
+/// the real controllers make carries it exactly once: made from a mutated template, it
+/// lists the rule and is not mutated again; made from an unmutated one, it is mutated when
+/// it is created.
+#[tokio::test]
+async fn autogen_puts_a_pod_rule_in_the_controllers_templates_only_when_asked_and_each_pod_gets_it_once()
+ {
+    let _serial = serial().await;
+    cluster().install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    let client = workloads::client().await;
+    let initium = Serving::start();
+    for autogen in [true, false] {
+        let ns =
+            workloads::namespace(&client, if autogen { "autogen-on" } else { "autogen-off" }).await;
+        let rule = format!("{ns}/tolerate");
+        apply_rule(&client, &ns, "tolerate", &template_rule(&ns, autogen)).await;
+        wait_for_stamp(&client, &ns, "templated").await;
+        if autogen {
+            // The webhook configuration covers the controllers once the rule is Ready.
+            eventually(
+                "the webhook configuration to cover Deployments",
+                Duration::from_secs(30),
+                || async {
+                    let config = get_json("", "mutatingwebhookconfiguration", &initium.name);
+                    if config.to_string().contains("\"deployments\"") {
+                        Ok(())
+                    } else {
+                        Err("no deployments in it".to_string())
+                    }
+                },
+            )
+            .await;
+        }
+        cluster()
+            .apply(&controllers_yaml(&ns))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let made = cluster()
+            .kubectl()
+            .args([
+                "create",
+                "job",
+                "nightly-manual",
+                "--from=cronjob/nightly",
+                "-n",
+                &ns,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "kubectl create job --from: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+
+        for (resource, name, at) in [
+            ("deployment", "web", "/spec/template"),
+            ("statefulset", "db", "/spec/template"),
+            ("daemonset", "agent", "/spec/template"),
+            ("job", "batch", "/spec/template"),
+            ("cronjob", "nightly", "/spec/jobTemplate/spec/template"),
+            ("job", "nightly-manual", "/spec/template"),
+        ] {
+            let object = get_json(&ns, resource, name);
+            let template = object
+                .pointer(at)
+                .unwrap_or_else(|| panic!("{resource} {name}"));
+            let what = format!("{resource} {name} (autogen {autogen})");
+            if autogen {
+                assert_eq!(template["metadata"]["labels"][STAMP], "templated", "{what}");
+                assert_eq!(ours(&template["spec"]), 1, "{what}: {template}");
+                assert_eq!(
+                    template["metadata"]["annotations"][MUTATED_BY],
+                    rule.as_str(),
+                    "{what}"
+                );
+            } else {
+                assert!(
+                    template["metadata"]["labels"].get(STAMP).is_none(),
+                    "{what}"
+                );
+                assert_eq!(ours(&template["spec"]), 0, "{what}");
+                assert!(
+                    template["metadata"].get("annotations").is_none(),
+                    "{what}: {template}"
+                );
+            }
+        }
+
+        for (selector, count) in [
+            ("app=web", 2),
+            ("app=db", 1),
+            ("app=agent", workloads::NODES as usize),
+            ("job-name=batch", 1),
+            ("job-name=nightly-manual", 1),
+        ] {
+            let pods = eventually(
+                &format!("{count} Pods {selector} in {ns}"),
+                ROLLOUT,
+                || async {
+                    let pods = workloads::pods(&client, &ns, selector)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if pods.len() >= count {
+                        Ok(pods)
+                    } else {
+                        Err(format!("{} Pods", pods.len()))
+                    }
+                },
+            )
+            .await;
+            for pod in &pods {
+                assert_mutated(pod, "templated", &rule);
+                let value = serde_json::to_value(pod).unwrap();
+                assert_eq!(
+                    ours(&value["spec"]),
+                    1,
+                    "Pod {} ({selector}, autogen {autogen}): the rule ran on it more than once or not at all: {}",
+                    name(pod),
+                    value["spec"]["tolerations"]
+                );
+                assert_eq!(
+                    annotation(pod, MUTATED_BY),
+                    Some(rule.as_str()),
+                    "Pod {}",
+                    name(pod)
+                );
+            }
+        }
+        eprintln!("autogen {autogen}: 6 controllers' templates and their Pods checked in {ns}");
+    }
+}

@@ -767,7 +767,10 @@ async fn offline(
                 namespace_labels: Some(labels.get(&input.namespace).unwrap_or(&none)),
                 // As at admission: a CREATE whose initium.dev/mutated-by lists a rule (copied
                 // from a mutated object) ran it earlier in this request, and it is skipped.
-                ran_before: RanBefore::Listed { stored: None },
+                ran_before: RanBefore::Listed {
+                    stored: None,
+                    stored_template: None,
+                },
                 lookups: None,
             };
             index.evaluate(&subject, object.clone(), None)

@@ -850,7 +850,10 @@ fn a_rule_runs_at_most_once_per_admission_request() {
     let first = run(
         &pod("a", "b"),
         Operation::Create,
-        RanBefore::Listed { stored: None },
+        RanBefore::Listed {
+            stored: None,
+            stored_template: None,
+        },
     );
     assert_eq!(first.applied.len(), 1);
     // Another webhook adds a label between the calls: the rule whose condition now holds runs,
@@ -860,7 +863,10 @@ fn a_rule_runs_at_most_once_per_admission_request() {
     let second = run(
         &between,
         Operation::Create,
-        RanBefore::Listed { stored: None },
+        RanBefore::Listed {
+            stored: None,
+            stored_template: None,
+        },
     );
     assert_eq!(
         second.object["spec"]["tolerations"]
@@ -882,6 +888,7 @@ fn a_rule_runs_at_most_once_per_admission_request() {
         Operation::Update,
         RanBefore::Listed {
             stored: Some(stored),
+            stored_template: None,
         },
     );
     assert_eq!(

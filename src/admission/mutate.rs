@@ -115,6 +115,7 @@ fn admit_within(
         // reinvocation): a rule runs at most once.
         ran_before: RanBefore::Listed {
             stored: request.old_object.as_ref().and_then(OldObject::mutated_by),
+            stored_template: request.old_object.as_ref().and_then(OldObject::template),
         },
         lookups: Some(&lookups),
     };

@@ -83,6 +83,31 @@ pub struct AdmissionRequest {
 pub struct OldObject {
     #[serde(default)]
     metadata: Option<OldMetadata>,
+    /// A controller's Pod template, for rules with `spec.autogen` (other kinds' `spec` is
+    /// skipped while parsing).
+    #[serde(default)]
+    spec: Option<OldSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OldSpec {
+    #[serde(default)]
+    template: Option<Value>,
+    #[serde(default)]
+    job_template: Option<OldJobTemplate>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct OldJobTemplate {
+    #[serde(default)]
+    spec: Option<OldJobSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct OldJobSpec {
+    #[serde(default)]
+    template: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -106,6 +131,15 @@ impl OldObject {
             .as_ref()?
             .mutated_by
             .as_deref()
+    }
+
+    /// The stored object's Pod template (`spec.template`, or a CronJob's
+    /// `spec.jobTemplate.spec.template`).
+    pub fn template(&self) -> Option<&Value> {
+        let spec = self.spec.as_ref()?;
+        spec.template
+            .as_ref()
+            .or_else(|| spec.job_template.as_ref()?.spec.as_ref()?.template.as_ref())
     }
 }
 

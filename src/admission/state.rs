@@ -98,7 +98,7 @@ impl LabelView {
         rules.reserve(index.len());
         for rule in index.rules() {
             rules.insert(rule.id.clone());
-            for pattern in rule.kinds() {
+            for pattern in rule.kinds().iter().chain(rule.template_kinds()) {
                 if let Some(kind) = pattern.kind.exact()
                     && !kinds.contains(kind)
                 {

@@ -200,6 +200,9 @@ pub fn webhook_timeout_seconds(budget: Duration) -> i32 {
 pub struct RuleNeeds {
     pub kinds: Vec<KindPattern>,
     pub operations: Vec<Operation>,
+    /// The controllers whose Pod templates the rule also mutates (`spec.autogen`): covered at
+    /// CREATE and UPDATE, since every write of a controller may change the Pods it makes.
+    pub templates: Vec<KindPattern>,
     pub failure_policy: FailurePolicy,
     /// A MutationRule: only namespaced objects of its namespace. (A ClusterMutationRule
     /// limited to namespaces also gets Namespace objects, by their own name.)
@@ -218,6 +221,7 @@ impl RuleNeeds {
         RuleNeeds {
             kinds: rule.kinds().to_vec(),
             operations: rule.operations().to_vec(),
+            templates: rule.template_kinds().to_vec(),
             failure_policy: rule.failure_policy,
             namespaced_only: rule.id.namespace.is_some(),
             namespaces,
@@ -296,8 +300,14 @@ impl Scope {
 fn coverage(rules: &[Arc<RuleNeeds>], served: &Served, scope: Scope) -> (Coverage, BTreeSet<Key>) {
     let mut coverage = Coverage::new();
     let mut unselectable = BTreeSet::new();
+    const TEMPLATE_WRITES: [Operation; 2] = [Operation::Create, Operation::Update];
     for rule in rules.iter().filter(|r| Scope::of(r) == scope) {
-        for pattern in &rule.kinds {
+        let patterns = rule
+            .kinds
+            .iter()
+            .map(|p| (p, rule.operations.as_slice()))
+            .chain(rule.templates.iter().map(|p| (p, &TEMPLATE_WRITES[..])));
+        for (pattern, rule_operations) in patterns {
             for resource in served.matching(pattern) {
                 // A rule limited to namespaces never applies to cluster-scoped objects,
                 // except a ClusterMutationRule to Namespace objects (by their own name).
@@ -310,8 +320,7 @@ fn coverage(rules: &[Arc<RuleNeeds>], served: &Served, scope: Scope) -> (Coverag
                 {
                     continue;
                 }
-                let operations: BTreeSet<Operation> = rule
-                    .operations
+                let operations: BTreeSet<Operation> = rule_operations
                     .iter()
                     .copied()
                     .filter(|op| match op {
@@ -1140,6 +1149,7 @@ mod tests {
                 .map(|k| KindPattern::parse(k).unwrap())
                 .collect(),
             operations: operations.to_vec(),
+            templates: Vec::new(),
             failure_policy: policy,
             namespaced_only: false,
             namespaces: None,
@@ -1208,6 +1218,23 @@ mod tests {
                 .as_ref()
                 .map(|b| b.0.as_slice()),
             Some(&b"CA"[..])
+        );
+    }
+
+    #[test]
+    fn an_autogen_rule_also_intercepts_every_write_of_its_controllers() {
+        let mut rule = needs(&["Pod"], &[Operation::Create], FailurePolicy::Ignore);
+        rule.templates = vec![
+            KindPattern::parse("apps/*/Deployment").unwrap(),
+            // Not served by this cluster: nothing to cover.
+            KindPattern::parse("batch/*/CronJob").unwrap(),
+        ];
+        assert_eq!(
+            summary(&mutating(&[rule])),
+            [
+                "ignore.initium.dev: /v1 pods [CREATE]",
+                "ignore.initium.dev: apps/v1 deployments [CREATE,UPDATE]",
+            ]
         );
     }
 

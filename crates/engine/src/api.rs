@@ -110,6 +110,88 @@ pub struct RuleSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     pub lookups: Vec<Lookup>,
+
+    /// Pod rules only (`match.kinds: [Pod]`, no `gate`): also apply the rule to the Pod
+    /// templates of the built-in controllers when they are admitted, so `kubectl get
+    /// deployment -o yaml` shows the change (Kyverno's "autogen"). Off when omitted: initium
+    /// then mutates each Pod when it is created, which leaves the controllers as written
+    /// (no drift for Argo CD or Flux). The template records the rule in
+    /// `initium.dev/mutated-by`, so the Pods it makes are not mutated a second time. See
+    /// docs/rules.md, "Pod templates (autogen)".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autogen: Option<Autogen>,
+}
+
+/// Which controllers' Pod templates a Pod rule also mutates.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Autogen {
+    /// The controllers: `Deployment`, `StatefulSet`, `DaemonSet`, `ReplicaSet`, `Job`,
+    /// `CronJob`. Omitted: Deployment, StatefulSet, DaemonSet, Job and CronJob (the
+    /// ReplicaSets a Deployment makes copy its already mutated template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 6))]
+    pub controllers: Option<Vec<Controller>>,
+}
+
+/// A built-in controller with a Pod template.
+#[derive(
+    Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
+pub enum Controller {
+    Deployment,
+    StatefulSet,
+    DaemonSet,
+    ReplicaSet,
+    Job,
+    CronJob,
+}
+
+impl Controller {
+    pub const ALL: [Controller; 6] = [
+        Controller::Deployment,
+        Controller::StatefulSet,
+        Controller::DaemonSet,
+        Controller::ReplicaSet,
+        Controller::Job,
+        Controller::CronJob,
+    ];
+
+    /// What `autogen: {}` covers.
+    pub const DEFAULT: [Controller; 5] = [
+        Controller::Deployment,
+        Controller::StatefulSet,
+        Controller::DaemonSet,
+        Controller::Job,
+        Controller::CronJob,
+    ];
+
+    pub fn kind(self) -> &'static str {
+        match self {
+            Controller::Deployment => "Deployment",
+            Controller::StatefulSet => "StatefulSet",
+            Controller::DaemonSet => "DaemonSet",
+            Controller::ReplicaSet => "ReplicaSet",
+            Controller::Job => "Job",
+            Controller::CronJob => "CronJob",
+        }
+    }
+
+    /// The API group that serves it.
+    pub fn group(self) -> &'static str {
+        match self {
+            Controller::Job | Controller::CronJob => "batch",
+            _ => "apps",
+        }
+    }
+
+    /// Where its Pod template is, as JSON pointer tokens.
+    pub fn template(self) -> &'static [&'static str] {
+        match self {
+            Controller::CronJob => &["spec", "jobTemplate", "spec", "template"],
+            _ => &["spec", "template"],
+        }
+    }
 }
 
 fn default_priority() -> i32 {

@@ -521,7 +521,7 @@ fn unfill_identity(object: &mut Value, changes: &mut Changes, filled: &Filled) {
 }
 
 /// The rules listed in `initium.dev/mutated-by`, split.
-fn listed(annotation: &str) -> impl Iterator<Item = &str> {
+pub(super) fn listed(annotation: &str) -> impl Iterator<Item = &str> {
     annotation
         .split(',')
         .map(str::trim)
@@ -531,7 +531,7 @@ fn listed(annotation: &str) -> impl Iterator<Item = &str> {
 /// The rules that changed the object earlier in this admission request ([`RanBefore`]), as
 /// the annotation names them; empty in the common case (the first call for an object).
 fn ran_in_this_request(object: &Value, ran_before: RanBefore) -> Vec<String> {
-    let RanBefore::Listed { stored } = ran_before else {
+    let RanBefore::Listed { stored, .. } = ran_before else {
         return Vec::new();
     };
     let Some(now) = provenance_pointer().get(object).and_then(Value::as_str) else {
@@ -546,7 +546,7 @@ fn ran_in_this_request(object: &Value, ran_before: RanBefore) -> Vec<String> {
 
 /// Appends the rules that changed the object to `initium.dev/mutated-by`, keeping what earlier
 /// passes (reinvocation, updates) recorded, so running the pipeline again changes nothing.
-fn record_provenance(object: &mut Value, applied: &[RuleId]) {
+pub(super) fn record_provenance(object: &mut Value, applied: &[RuleId]) {
     let Some(obj) = object.as_object_mut() else {
         return;
     };

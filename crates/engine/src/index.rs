@@ -118,6 +118,10 @@ pub struct RuleIndex {
     rules: Vec<Arc<CompiledRule>>,
     by_kind: HashMap<String, Bucket>,
     any_kind: Bucket,
+    /// Pod rules with `spec.autogen`, by the kinds of the controllers whose templates they
+    /// mutate. Never prefiltered: the prefilters read the object's own fields, and these
+    /// rules match the template's.
+    templates: HashMap<String, Bucket>,
 }
 
 impl RuleIndex {
@@ -149,6 +153,15 @@ impl RuleIndex {
                     None => wildcard = true,
                 }
             }
+            for pattern in rule.template_kinds() {
+                if let Some(kind) = pattern.kind.exact() {
+                    index
+                        .templates
+                        .entry(kind.to_string())
+                        .or_default()
+                        .add(rule, position);
+                }
+            }
             if wildcard {
                 index.any_kind.add(rule, position);
             } else {
@@ -164,6 +177,9 @@ impl RuleIndex {
         index.any_kind.finish(&rules, prefilter_from);
         for bucket in index.by_kind.values_mut() {
             bucket.finish(&rules, prefilter_from);
+        }
+        for bucket in index.templates.values_mut() {
+            bucket.finish(&rules, usize::MAX);
         }
         index.rules = rules;
         index
@@ -204,6 +220,9 @@ impl RuleIndex {
     fn parts(&self, gvk: &Gvk, namespace: Option<&str>, namespaced_object: bool) -> Vec<&Part> {
         let mut parts = Vec::new();
         if let Some(bucket) = self.by_kind.get(&gvk.kind) {
+            bucket.parts(namespace, namespaced_object, &mut parts);
+        }
+        if let Some(bucket) = self.templates.get(&gvk.kind) {
             bucket.parts(namespace, namespaced_object, &mut parts);
         }
         self.any_kind

@@ -9,6 +9,7 @@
 pub mod api;
 pub mod untrusted;
 
+mod autogen;
 mod duration;
 mod error;
 mod evaluate;
@@ -36,6 +37,7 @@ mod stop;
 mod subject;
 mod template;
 
+pub use autogen::NotInTemplate;
 pub use duration::{DurationError, parse_duration};
 pub use error::{FieldError, IdentityChange, InternalError, RuleErrors};
 pub use evaluate::{Audited, Denial, Outcome, Verdict};

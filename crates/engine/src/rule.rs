@@ -11,10 +11,11 @@ use serde_json::Value;
 
 use crate::api::{self, FailurePolicy, GATED_LABEL, Mode, Operation, RuleSpec};
 
+use super::autogen::{self, Templates};
 use super::error::{Errors, IdentityChange, InternalError, RuleErrors};
 use super::gate::{self, CompiledGate};
 use super::journal::Journal;
-use super::kind::KindPattern;
+use super::kind::{Gvk, KindPattern};
 use super::limits::{CompileMeter, MAX_RULE_REGEXES, Meter, regex_share};
 use super::lookup::{self, CompiledLookup, Found, LookupTarget};
 use super::matching::{Conditions, MatchError, Matcher, Needs};
@@ -38,6 +39,8 @@ pub struct CompiledRule {
     mutations: Vec<Mutation>,
     gate: Option<Gated>,
     lookups: Vec<CompiledLookup>,
+    /// `spec.autogen`: the controllers whose Pod templates the rule also mutates.
+    templates: Templates,
     /// What the compiled rule holds, measured when it was compiled ([`CompiledRule::held_bytes`]).
     held_bytes: usize,
 }
@@ -85,6 +88,25 @@ impl UndoFailed {
 impl CompiledRule {
     pub fn kinds(&self) -> &[KindPattern] {
         self.matcher.kinds()
+    }
+
+    /// The kinds whose Pod templates the rule also mutates (`spec.autogen`), for the webhook
+    /// configuration and the index: `apps/*/Deployment`, ...
+    pub fn template_kinds(&self) -> &[KindPattern] {
+        self.templates.kinds()
+    }
+
+    /// The controllers whose Pod templates the rule also mutates (`spec.autogen`).
+    pub fn autogen(&self) -> &[api::Controller] {
+        self.templates.controllers()
+    }
+
+    /// The controller an object of `gvk` is, when the rule applies to its Pod template.
+    fn template_of(&self, gvk: &Gvk) -> Option<api::Controller> {
+        if self.templates.is_empty() {
+            return None;
+        }
+        self.templates.of(gvk)
     }
 
     /// The rule's gate, if it has one (for the gate controller).
@@ -169,6 +191,26 @@ impl CompiledRule {
         subject: &Subject,
         object: &Value,
     ) -> Result<Option<String>, MatchError> {
+        if let Some(controller) = self.template_of(subject.gvk) {
+            let mut doc = object.clone();
+            return autogen::with_template(&mut doc, controller, subject, |pod_subject, pod| {
+                self.why_not_direct(pod_subject, pod)
+            })
+            .unwrap_or_else(|| {
+                Ok(Some(format!(
+                    "spec.autogen: the object has no Pod template at {}",
+                    autogen::template_field(controller)
+                )))
+            });
+        }
+        self.why_not_direct(subject, object)
+    }
+
+    fn why_not_direct(
+        &self,
+        subject: &Subject,
+        object: &Value,
+    ) -> Result<Option<String>, MatchError> {
         if let Some(field) = self.matcher.first_mismatch(subject, object)? {
             return Ok(Some(format!("spec.match.{field}")));
         }
@@ -192,6 +234,22 @@ impl CompiledRule {
         object: &Value,
         deadline: Option<Instant>,
     ) -> Result<bool, MatchError> {
+        if let Some(controller) = self.template_of(subject.gvk) {
+            let mut doc = object.clone();
+            return autogen::with_template(&mut doc, controller, subject, |pod_subject, pod| {
+                self.matches_guarded_direct(pod_subject, pod, deadline)
+            })
+            .unwrap_or(Ok(false));
+        }
+        self.matches_guarded_direct(subject, object, deadline)
+    }
+
+    fn matches_guarded_direct(
+        &self,
+        subject: &Subject,
+        object: &Value,
+        deadline: Option<Instant>,
+    ) -> Result<bool, MatchError> {
         catch_unwind(AssertUnwindSafe(|| {
             self.matches_until(subject, object, deadline)
         }))
@@ -203,7 +261,62 @@ impl CompiledRule {
     /// the last line of defence at the rule boundary: whatever happens inside, even a panic,
     /// becomes this rule's failure, and the process and the other rules go on.
     pub(crate) fn run(&self, subject: &Subject, doc: &mut Value, meter: &mut Meter) -> RuleResult {
-        match self.matches_guarded_until(subject, doc, meter.deadline()) {
+        match self.template_of(subject.gvk) {
+            Some(controller) => self.run_on_template(controller, subject, doc, meter),
+            None => self.run_direct(subject, doc, meter),
+        }
+    }
+
+    /// `run` on the Pod template of a controller (`spec.autogen`): the rule runs on the Pod
+    /// the template describes (see `autogen`), and records itself in the template's
+    /// provenance. Its changes are the template's: one journal entry holds the template as it
+    /// was, so they are undone, previewed and patched as any rule's.
+    fn run_on_template(
+        &self,
+        controller: api::Controller,
+        subject: &Subject,
+        doc: &mut Value,
+        meter: &mut Meter,
+    ) -> RuleResult {
+        let pointer = autogen::template_pointer(controller);
+        if !pointer.get(doc).is_some_and(Value::is_object)
+            || autogen::ran_before(doc, &pointer, subject, &self.id)
+        {
+            return RuleResult::NotMatched;
+        }
+        let mut journal = Journal::default();
+        journal.touch(doc, &pointer);
+        let ran = autogen::with_template(doc, controller, subject, |pod_subject, pod| {
+            match self.run_direct(pod_subject, pod, meter) {
+                RuleResult::Changed(pod_journal) => {
+                    if let Some(error) = autogen::not_in_template(pod) {
+                        let at = autogen::template_field(controller);
+                        return match catch_unwind(AssertUnwindSafe(|| pod_journal.rollback(pod))) {
+                            Ok(()) => {
+                                meter.undo_rule();
+                                RuleResult::Failed(Stop::from(error).context(|| at))
+                            }
+                            Err(panic) => RuleResult::Corrupted(UndoFailed {
+                                failure: Stop::from(error).context(|| at),
+                                undo: InternalError::from_panic(&*panic),
+                            }),
+                        };
+                    }
+                    super::evaluate::record_provenance(pod, std::slice::from_ref(&self.id));
+                    RuleResult::Changed(Journal::default())
+                }
+                other => other,
+            }
+        });
+        match ran {
+            Some(RuleResult::Changed(_)) => RuleResult::Changed(journal),
+            Some(other) => other,
+            None => RuleResult::NotMatched,
+        }
+    }
+
+    fn run_direct(&self, subject: &Subject, doc: &mut Value, meter: &mut Meter) -> RuleResult {
+        match self.matches_guarded_direct(subject, doc, meter.deadline()) {
             Ok(true) => {}
             Ok(false) => return RuleResult::NotMatched,
             Err(MatchError::OutOfTime) => return RuleResult::Failed(Stop::Budget),
@@ -405,6 +518,40 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
         let hold = gate_mutations(&compiled.name, regex_limit, &mut errors);
         Some((compiled, hold))
     });
+    let templates = match &spec.autogen {
+        None => Templates::default(),
+        Some(autogen) => {
+            let only_pods = !matcher.kinds().is_empty()
+                && matcher.kinds().iter().all(|k| {
+                    k.kind.exact() == Some("Pod") && k.group.exact().is_none_or(str::is_empty)
+                });
+            if !only_pods {
+                errors.push(
+                    "spec.autogen",
+                    "autogen applies a Pod rule to Pod templates: match.kinds must be only Pod",
+                );
+            }
+            if !matcher.operations().contains(&Operation::Create) {
+                errors.push(
+                    "spec.autogen",
+                    "a Pod template describes Pods to be created: match.operations must include CREATE",
+                );
+            }
+            if spec.gate.is_some() {
+                errors.push(
+                    "spec.autogen",
+                    "a gate holds each Pod when it is created and cannot be put in a template: \
+                     give the gate and the template mutations two rules, or remove autogen",
+                );
+            }
+            Templates::new(
+                autogen
+                    .controllers
+                    .as_deref()
+                    .unwrap_or(&api::Controller::DEFAULT),
+            )
+        }
+    };
     if !errors.errors.is_empty() {
         return Err(RuleErrors {
             rule: id.describe(),
@@ -432,6 +579,7 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
             hold,
         }),
         lookups: lookups.lookups,
+        templates,
     })
 }
 

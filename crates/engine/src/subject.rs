@@ -133,7 +133,15 @@ pub enum RanBefore<'a> {
     /// At admission: the rules the object's `initium.dev/mutated-by` lists ran earlier in this
     /// request, except those the stored object (`stored`, its annotation on UPDATE; `None` on
     /// CREATE) already listed, which ran at an earlier write and run again.
-    Listed { stored: Option<&'a str> },
+    ///
+    /// A controller's Pod template has provenance of its own (`spec.autogen`): at CREATE a
+    /// rule its template lists is not run on it again (the template was copied from one the
+    /// rule changed: a CronJob's Job, a Deployment's ReplicaSet); at UPDATE the rule runs on
+    /// the template only when it differs from the stored one (`stored_template`).
+    Listed {
+        stored: Option<&'a str>,
+        stored_template: Option<&'a serde_json::Value>,
+    },
 }
 
 impl Subject<'_> {

@@ -198,6 +198,12 @@ pub fn compile_policy(
             "gates are released by initium's gate controller",
         ));
     }
+    if spec.autogen.is_some() {
+        return Err(NotCompiled::new(
+            "spec.autogen",
+            "rules that also mutate Pod templates are served by the webhook, which lends each template to the rule as a Pod",
+        ));
+    }
     if !spec.lookups.is_empty() {
         return Err(NotCompiled::new(
             "spec.lookups[0]",
