@@ -769,6 +769,34 @@ async fn autogen_puts_a_pod_rule_in_the_controllers_templates_only_when_asked_an
                 );
             }
         }
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+        if autogen {
+            // A write that leaves the template as stored (`kubectl annotate`, a GitOps tool's
+            // label) does not run the rule on it again: the rule appends, and a second run
+            // would change the template and roll the Deployment out again.
+            let annotate = json!({"metadata": {"annotations": {"example.com/owner": "shop"}}});
+            deployments
+                .patch("web", &PatchParams::default(), &Patch::Merge(&annotate))
+                .await
+                .unwrap();
+            let web = get_json(&ns, "deployment", "web");
+            assert_eq!(web["metadata"]["annotations"]["example.com/owner"], "shop");
+            assert_eq!(ours(&web["spec"]["template"]["spec"]), 1, "{web}");
+            // A user's write that changes the template (here: the stamp taken out, as a
+            // GitOps sync of the manifest without it would) is an UPDATE of another
+            // template: the rule runs on it again.
+            let replace = json!({"spec": {"template": {"metadata": {"labels": {STAMP: null}}}}});
+            deployments
+                .patch("web", &PatchParams::default(), &Patch::Merge(&replace))
+                .await
+                .unwrap();
+            let web = get_json(&ns, "deployment", "web");
+            assert_eq!(
+                web["spec"]["template"]["metadata"]["labels"],
+                json!({"app": "web", STAMP: "templated"}),
+                "{web}"
+            );
+        }
         eprintln!("autogen {autogen}: 6 controllers' templates and their Pods checked in {ns}");
     }
 }
