@@ -17,9 +17,9 @@ use crate::api::{Controller, Operation};
 
 use crate::api::MUTATED_BY_ANNOTATION;
 
-use super::evaluate::listed;
 use super::kind::{Gvk, KindPattern, Segment};
 use super::path::Pointer;
+use super::provenance::listed;
 use super::subject::{RanBefore, RuleId, Subject};
 
 /// The Pod a template describes has only these fields; a rule that writes another one

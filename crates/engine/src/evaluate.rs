@@ -4,14 +4,15 @@ use std::sync::LazyLock;
 use std::time::Instant;
 
 use json_patch::{Patch, PatchOperation};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use crate::api::{FailurePolicy, MUTATED_BY_ANNOTATION, Mode};
+use crate::api::{FailurePolicy, Mode};
 
 use super::index::RuleIndex;
 use super::journal::{Changes, Journal, PatchOp, write_patch};
 use super::limits::{Limits, Meter};
 use super::path::Pointer;
+use super::provenance::{listed, provenance_pointer, record_provenance};
 use super::rule::RuleResult;
 use super::stop::Stop;
 use super::subject::{RanBefore, RuleId, Subject};
@@ -432,12 +433,6 @@ pub(super) fn rules_namespace<'a>(subject: &Subject<'a>, object: &'a Value) -> O
 /// How many candidate rules run between two looks at the clock.
 const DEADLINE_STRIDE: usize = 8;
 
-fn provenance_pointer() -> &'static Pointer {
-    static POINTER: LazyLock<Pointer> =
-        LazyLock::new(|| Pointer::from_tokens(["metadata", "annotations", MUTATED_BY_ANNOTATION]));
-    &POINTER
-}
-
 fn identity_pointer(field: &str) -> &'static Pointer {
     static NAMESPACE: LazyLock<Pointer> =
         LazyLock::new(|| Pointer::from_tokens(["metadata", "namespace"]));
@@ -520,14 +515,6 @@ fn unfill_identity(object: &mut Value, changes: &mut Changes, filled: &Filled) {
     }
 }
 
-/// The rules listed in `initium.dev/mutated-by`, split.
-pub(super) fn listed(annotation: &str) -> impl Iterator<Item = &str> {
-    annotation
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-}
-
 /// The rules that changed the object earlier in this admission request ([`RanBefore`]), as
 /// the annotation names them; empty in the common case (the first call for an object).
 fn ran_in_this_request(object: &Value, ran_before: RanBefore) -> Vec<String> {
@@ -542,42 +529,4 @@ fn ran_in_this_request(object: &Value, ran_before: RanBefore) -> Vec<String> {
         .filter(|rule| !stored.contains(rule))
         .map(String::from)
         .collect()
-}
-
-/// Appends the rules that changed the object to `initium.dev/mutated-by`, keeping what earlier
-/// passes (reinvocation, updates) recorded, so running the pipeline again changes nothing.
-pub(super) fn record_provenance(object: &mut Value, applied: &[RuleId]) {
-    let Some(obj) = object.as_object_mut() else {
-        return;
-    };
-    let meta = obj
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    let Some(meta) = meta.as_object_mut() else {
-        return;
-    };
-    let annotations = meta
-        .entry("annotations")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if annotations.is_null() {
-        *annotations = Value::Object(Map::new());
-    }
-    let Some(annotations) = annotations.as_object_mut() else {
-        return;
-    };
-    let mut list: Vec<String> = annotations
-        .get(MUTATED_BY_ANNOTATION)
-        .and_then(Value::as_str)
-        .map(|s| listed(s).map(String::from).collect())
-        .unwrap_or_default();
-    for id in applied {
-        let name = id.written();
-        if !list.contains(&name) {
-            list.push(name);
-        }
-    }
-    annotations.insert(
-        MUTATED_BY_ANNOTATION.to_string(),
-        Value::String(list.join(",")),
-    );
 }

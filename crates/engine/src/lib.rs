@@ -31,6 +31,7 @@ mod parse;
 mod path;
 pub mod policy;
 mod prefilter;
+mod provenance;
 mod rule;
 mod scan;
 mod stop;

@@ -302,7 +302,7 @@ impl CompiledRule {
                             }),
                         };
                     }
-                    super::evaluate::record_provenance(pod, std::slice::from_ref(&self.id));
+                    super::provenance::record_provenance(pod, std::slice::from_ref(&self.id));
                     RuleResult::Changed(Journal::default())
                 }
                 other => other,
