@@ -620,6 +620,31 @@ mod tests {
         }
     }
 
+    /// Fuzz, issue 36: a template that renders null in a value written as it is (`upsert`,
+    /// `patch`, a list in a `merge`) wrote `null`; it sets nothing, as in `defaults`. A null
+    /// written in the rule stays.
+    #[test]
+    fn a_template_that_renders_null_in_a_written_value_sets_nothing() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+                         "spec": {"containers": [{"name": "a"}]}});
+        let out = run(
+            json!([
+                {"upsert": {"path": "/spec/containers/0/env", "key": "name",
+                            "value": {"name": "A", "value": "{{ default($.x, null) }}"}}},
+                {"patch": [{"op": "add", "path": "/metadata/labels/team",
+                            "value": "{{ default($.metadata.annotations.team, null) }}"},
+                           {"op": "add", "path": "/spec/x", "value": {"a": "{{ default($.x, null) }}", "b": null}}]},
+                {"merge": {"spec": {"args": ["a", "{{ default($.x, null) }}"]}}},
+            ]),
+            pod,
+        )
+        .unwrap();
+        assert_eq!(out["spec"]["containers"][0]["env"], json!([{"name": "A"}]));
+        assert_eq!(out["metadata"].get("labels"), None);
+        assert_eq!(out["spec"]["x"], json!({"b": null}));
+        assert_eq!(out["spec"]["args"], json!(["a"]));
+    }
+
     #[test]
     fn a_value_that_was_not_a_string_before_the_rule_is_not_its_doing() {
         let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",

@@ -367,6 +367,20 @@ impl<'a> Site<'a> {
         Ok(Rendered::Value(template.render(&scope, meter)?))
     }
 
+    /// [`Site::render`] for a value written as it is (`upsert`, `patch`): a member or list
+    /// element whose template renders `null` is left out ([`Template::render_written`]).
+    pub fn render_written<'t>(
+        &self,
+        template: &'t Template,
+        meter: &mut Meter,
+    ) -> Result<Rendered<'t>, Stop> {
+        if let Some(literal) = template.literal() {
+            return Ok(Rendered::Literal(literal));
+        }
+        let scope = self.scope(template)?;
+        Ok(Rendered::Value(template.render_written(&scope, meter)?))
+    }
+
     /// What a template renders against: the object as it is now, and `@` (looked up only
     /// for templates that use it).
     fn scope(&self, template: &Template) -> Result<Scope<'_>, Stop> {

@@ -67,7 +67,7 @@ impl Upsert {
         journal: &mut Journal,
         meter: &mut Meter,
     ) -> Result<(), Stop> {
-        let value = site.render(&self.value, meter)?;
+        let value = site.render_written(&self.value, meter)?;
         let base = site.base();
         let target = site.target()?;
         // The value lands as an element of the list at `path`.
