@@ -671,6 +671,26 @@ mod tests {
         compiled(json!({"patch": [{"op": "add", "path": "/data/-x", "value": "1"}]}));
     }
 
+    /// Fuzz (idempotence oracle): `-` in an upsert path made a new list element at every run,
+    /// so applying the rule to its own output changed it again.
+    #[test]
+    fn an_upsert_path_through_a_new_list_element_is_refused() {
+        for path in ["/spec/containers/-", "/spec/x/-/y"] {
+            let errors = compile_errors(
+                json!({"upsert": {"path": path, "key": "name", "value": {"name": "a"}}}),
+            );
+            assert_eq!(
+                errors,
+                [
+                    "spec.mutations[0].upsert.path: \"-\" names a new list element, so the upsert would add one every time the rule runs; point the path at the list itself (it is created when absent), or at an element by its index"
+                ],
+            );
+        }
+        compiled(
+            json!({"upsert": {"path": "/spec/containers/0/env", "key": "name", "value": {"name": "a"}}}),
+        );
+    }
+
     #[test]
     fn add_creates_a_missing_list_element_on_the_way() {
         let m = compiled(json!({"patch": [{"op": "add",
