@@ -214,6 +214,29 @@ const POINTERS: &[&str] = &[
     "/metadata/labels/~",
     "/apiVersion",
     "/kind",
+    // Kyverno-style list tokens (issue 36): `-1` (refused when compiled), `-` and indexes on
+    // the way, into lists and parents that are missing or null.
+    "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/-1/matchExpressions/-",
+    "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/-",
+    "/spec/containers/-1/env",
+    "/spec/containers/-1",
+    "/spec/tolerations/-",
+    "/spec/tolerations/-/key",
+    "/spec/tolerations/0",
+    "/spec/tolerations/0/key",
+    "/spec/containers/3/env/-",
+    "/spec/containers/0/env/-",
+    "/spec/volumes/0/name",
+    "/spec/x/-/y",
+    "/spec/x/1/y",
+    "/spec/template/spec/containers/0/env/-",
+    "/metadata/labels/0",
+    "/metadata/labels/-",
+    "/metadata/labels/team",
+    "/metadata/annotations/backup",
+    "/metadata/annotations/0/x",
+    "/spec/template/metadata/labels/tier",
+    "/spec/template/metadata/annotations",
 ];
 
 const REGEXES: &[&str] = &[
@@ -340,6 +363,19 @@ const TEMPLATES: &[&str] = &[
     "{{ image(@.image) }}",
     "{{ image(@.image).tag }}/{{ image($.metadata.name)['digest'] }}",
     "{{ nope(@) }}",
+    // Templated nulls, numbers and booleans (issue 36): written into labels, annotations and
+    // defaults, they must not reach the object as such.
+    "{{ default($.x, null) }}",
+    "{{ default($.metadata.annotations.team, null) }}",
+    "{{ default(@.x, null) }}",
+    "{{ $.spec.priority }}",
+    "{{ $.spec.hostNetwork }}",
+    "{{ $.spec.template.spec.replicas }}",
+    "{{ fromJson('true') }}",
+    "{{ fromJson('12') }}",
+    "{{ fromJson('null') }}",
+    "{{ @.ports[0].containerPort }}",
+    "{{ $.spec.tolerations }}",
     "{{ lower(lower(lower(lower(lower(lower(lower(lower(lower(@.name))))))))) }}",
 ];
 
@@ -381,6 +417,8 @@ pub fn element_jsonpath(rng: &mut Rng) -> String {
                 "$",
                 "$.spec.containers[?@.name == 'api']",
                 "$..[?@.image]",
+                "$.spec.template.metadata",
+                "$..metadata",
             ])
             .to_string();
     }
@@ -570,6 +608,22 @@ pub fn object(rng: &mut Rng) -> Value {
                 let ns = json!(rng.pick(&["payments", "kube-system", "", "shop"]));
                 set_pointer(&mut obj, "/metadata/namespace", ns);
             }
+            8 if rng.chance(50) => {
+                // Parents a path goes through that are null (issue 36), and numbers and
+                // booleans for templates to select.
+                let path = *rng.pick(&[
+                    "/spec/tolerations",
+                    "/spec/affinity",
+                    "/spec/volumes",
+                    "/spec/x",
+                    "/metadata/labels",
+                    "/metadata/annotations",
+                    "/spec/template/metadata",
+                ]);
+                set_pointer(&mut obj, path, Value::Null);
+                set_pointer(&mut obj, "/spec/priority", json!(rng.range(0, 20)));
+                set_pointer(&mut obj, "/spec/hostNetwork", json!(rng.chance(50)));
+            }
             _ => {
                 let path = rng.pick(&["/spec/x", "/metadata/annotations/a", "/status"]);
                 let v = value(rng, 3, false, false);
@@ -746,6 +800,9 @@ fn defaults(rng: &mut Rng, element: bool, templates: bool) -> Value {
     if !v.is_object() || rng.chance(30) {
         v = json!({"metadata": {"labels": {"team": value_string(rng, element, templates)}}});
     }
+    if rng.chance(15) {
+        v = metadata_values(rng, element, templates);
+    }
     json!({"defaults": v})
 }
 
@@ -792,7 +849,52 @@ fn merge(rng: &mut Rng, element: bool, templates: bool) -> Value {
     if !v.is_object() || rng.chance(30) {
         v = json!({"metadata": {"labels": {"team": value_string(rng, element, templates)}}});
     }
+    if rng.chance(15) {
+        v = metadata_values(rng, element, templates);
+    }
     json!({"merge": v})
+}
+
+/// Labels or annotations (of the object, of its Pod template, or of the `forEach` element,
+/// which may be a `metadata`) whose values are templates that select numbers, booleans,
+/// nulls or objects, or are unquoted scalars (`backup: yes` read as `true`): the engine must
+/// not write what the API server refuses (issue 36).
+fn metadata_values(rng: &mut Rng, element: bool, templates: bool) -> Value {
+    let value = if templates && rng.chance(70) {
+        json!(*rng.pick(&[
+            "{{ $.spec.priority }}",
+            "{{ $.spec.replicas }}",
+            "{{ $.spec.hostNetwork }}",
+            "{{ fromJson('true') }}",
+            "{{ fromJson('12') }}",
+            "{{ default($.metadata.annotations.team, null) }}",
+            "{{ default($.x, null) }}",
+            "{{ $.metadata.labels }}",
+            "{{ $.spec.containers[*].name }}",
+            "v{{ $.spec.replicas }}",
+        ]))
+    } else {
+        rng.pick(&[
+            json!(true),
+            json!(3),
+            json!("yes"),
+            json!(null),
+            json!(["a"]),
+        ])
+        .clone()
+    };
+    let key = if rng.chance(10) {
+        rng.pick(&["0", "-", "-1"]).to_string()
+    } else {
+        rng.pick(&["team", "backup", "app"]).to_string()
+    };
+    let field = *rng.pick(&["labels", "annotations"]);
+    let map = json!({ field: { key: value } });
+    match rng.below(4) {
+        0 if element => map,
+        1 => json!({"spec": {"template": {"metadata": map}}}),
+        _ => json!({ "metadata": map }),
+    }
 }
 
 fn element_mutation(rng: &mut Rng, templates: bool) -> Value {

@@ -269,6 +269,7 @@ fn run_rules(case: &Value) -> Result<(), String> {
         }
     }
     let gates: Vec<_> = compiled.iter().filter_map(|r| r.gate().cloned()).collect();
+    let rules = strings(case, "rules");
     let index = RuleIndex::new(compiled);
     let idempotent = case.get("idempotent") == Some(&json!(true));
     for (i, s) in strings(case, "subjects").iter().enumerate() {
@@ -337,6 +338,8 @@ fn run_rules(case: &Value) -> Result<(), String> {
                         "{what}: the patch applied to the input differs from the output object"
                     ));
                 }
+                refused_by_api_server(&object, &outcome.object, &rules)
+                    .map_err(|e| format!("{what}: {e}"))?;
             }
             Err(denial) => check_message(&format!("{what} denial"), &denial.message, &input)?,
         }
@@ -366,6 +369,232 @@ fn run_rules(case: &Value) -> Result<(), String> {
                     return Err(format!(
                         "{what}: not idempotent: the rule denies its own output\n{}",
                         cut(&d.message)
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// rules: what the API server would refuse in an output object, that the engine made
+
+/// Where an `ObjectMeta` lives in the objects rules change: the object's own `metadata`, and
+/// the Pod and Job templates of the built-in controllers (`spec.template`, a CronJob's
+/// `spec.jobTemplate` and its `spec.template`, a StatefulSet's `volumeClaimTemplates`).
+pub fn object_metas(object: &Value) -> Vec<String> {
+    let mut at = vec![
+        "/metadata".to_string(),
+        "/spec/template/metadata".to_string(),
+        "/spec/jobTemplate/metadata".to_string(),
+        "/spec/jobTemplate/spec/template/metadata".to_string(),
+    ];
+    if let Some(claims) = object
+        .pointer("/spec/volumeClaimTemplates")
+        .and_then(Value::as_array)
+    {
+        at.extend((0..claims.len()).map(|i| format!("/spec/volumeClaimTemplates/{i}/metadata")));
+    }
+    at
+}
+
+/// `-`, `0`, `12`, `-1`: a token a JSON pointer uses for a list element (`-1` is what Kyverno
+/// users write for the last one).
+fn list_token(key: &str) -> bool {
+    let digits = key.strip_prefix('-').unwrap_or(key);
+    key == "-" || (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// What the rule documents write literally, so the oracle does not flag what a rule asked for.
+#[derive(Default)]
+struct Literals {
+    /// Every object key in the documents (a merge or upsert value that writes `"0": x`).
+    keys: std::collections::HashSet<String>,
+    /// Keys whose value in the documents is an object: a merge that writes `containers: {}`
+    /// makes an object there, and a later `add .../containers/-` sets its member `-`.
+    object_keys: std::collections::HashSet<String>,
+    /// Some key holds a template: keys may then be any text a template selects.
+    templated_keys: bool,
+    /// The text of every scalar (what a templated key can render to).
+    scalars: std::collections::HashSet<String>,
+    /// Where a null is written literally: the member name, or `[]` for a list element.
+    null_keys: std::collections::HashSet<String>,
+}
+
+impl Literals {
+    fn of(rules: &[Value], input: &Value) -> Literals {
+        let mut literals = Literals::default();
+        for rule in rules {
+            literals.walk(rule, true);
+            // A patch operation writes its value under the path's last token.
+            let mut stack = vec![rule];
+            while let Some(v) = stack.pop() {
+                match v {
+                    Value::Object(map) => {
+                        if let (Some(Value::String(path)), Some(Value::Null)) =
+                            (map.get("path"), map.get("value"))
+                        {
+                            let last = path.rsplit('/').next().unwrap_or_default();
+                            literals.null_keys.insert(if list_token(last) {
+                                "[]".to_string()
+                            } else {
+                                last.replace("~1", "/").replace("~0", "~")
+                            });
+                        }
+                        stack.extend(map.values());
+                    }
+                    Value::Array(items) => stack.extend(items),
+                    _ => {}
+                }
+            }
+        }
+        // What the object holds may be copied (`copy`, `move`, `{{ $.spec }}`).
+        literals.walk(input, false);
+        literals
+    }
+
+    fn walk(&mut self, value: &Value, rule: bool) {
+        let mut stack = vec![value];
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::Object(map) => {
+                    for (k, v) in map {
+                        self.keys.insert(k.clone());
+                        if rule && k.contains("{{") {
+                            self.templated_keys = true;
+                        }
+                        match v {
+                            Value::Object(_) => {
+                                self.object_keys.insert(k.clone());
+                            }
+                            Value::Null => {
+                                self.null_keys.insert(k.clone());
+                            }
+                            _ => {}
+                        }
+                        stack.push(v);
+                    }
+                }
+                Value::Array(items) => {
+                    if items.iter().any(Value::is_null) {
+                        self.null_keys.insert("[]".into());
+                    }
+                    stack.extend(items);
+                }
+                Value::String(s) => {
+                    self.scalars.insert(s.clone());
+                }
+                Value::Number(n) => {
+                    self.scalars.insert(n.to_string());
+                }
+                Value::Bool(_) | Value::Null => {}
+            }
+        }
+    }
+}
+
+/// The value at the encoded pointer `at` followed by `key`.
+fn child<'a>(v: Option<&'a Value>, key: &str) -> Option<&'a Value> {
+    match v? {
+        Value::Object(map) => map.get(key),
+        Value::Array(items) => key.parse::<usize>().ok().and_then(|i| items.get(i)),
+        _ => None,
+    }
+}
+
+fn escape(token: &str) -> String {
+    token.replace('~', "~0").replace('/', "~1")
+}
+
+/// What the API server would refuse in `output` that is the engine's doing, not the rule's
+/// request nor already in `input`:
+/// 1. a list token (`-`, `0`, `-1`) as a key of an object the input did not have there, that
+///    no rule writes as a key, under a field no rule writes an object into (a path's list
+///    token followed into a missing or null parent as if it were a member name);
+/// 2. a label or annotation value of an `ObjectMeta` ([`object_metas`]) that is not a string
+///    where the input's was a string or absent, or `labels`/`annotations` that is not an
+///    object where the input's was an object or absent;
+/// 3. a `null` where the input had none, under a member name (or in a list) where no rule
+///    writes a null literally and the input holds none.
+pub fn refused_by_api_server(input: &Value, output: &Value, rules: &[Value]) -> Result<(), String> {
+    let literals = Literals::of(rules, input);
+    // Walk the output beside the input, without recursion (objects nest deep here).
+    let mut stack: Vec<(String, &Value, Option<&Value>, Option<String>)> =
+        vec![(String::new(), output, Some(input), None)];
+    while let Some((at, out, inp, key)) = stack.pop() {
+        match out {
+            Value::Object(map) => {
+                let new_object = !inp.is_some_and(Value::is_object);
+                let written_object = key
+                    .as_ref()
+                    .is_some_and(|k| literals.object_keys.contains(k));
+                for (k, v) in map {
+                    let before = child(inp, k);
+                    if before.is_none()
+                        && new_object
+                        && !written_object
+                        && list_token(k)
+                        && !literals.keys.contains(k)
+                        && !(literals.templated_keys && literals.scalars.contains(k))
+                    {
+                        return Err(format!(
+                            "the list token {k:?} became an object key at {at}/{}: the API server would refuse (or misread) the object\n{}",
+                            escape(k),
+                            cut(&out.to_string())
+                        ));
+                    }
+                    stack.push((format!("{at}/{}", escape(k)), v, before, Some(k.clone())));
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    stack.push((
+                        format!("{at}/{i}"),
+                        v,
+                        child(inp, &i.to_string()),
+                        Some("[]".into()),
+                    ));
+                }
+            }
+            Value::Null => {
+                let written = key.as_ref().is_some_and(|k| literals.null_keys.contains(k));
+                if !inp.is_some_and(Value::is_null) && !written {
+                    return Err(format!(
+                        "a null was written at {at}, where the input had {}: the API server would refuse or drop it",
+                        inp.map_or("nothing", initium::engine::describe_value)
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    for meta in object_metas(output) {
+        for field in ["labels", "annotations"] {
+            let at = format!("{meta}/{field}");
+            let (Some(out), inp) = (output.pointer(&at), input.pointer(&at)) else {
+                continue;
+            };
+            let Value::Object(entries) = out else {
+                // `labels: null` is no map, which the API server takes; a null written is
+                // the third check's.
+                if !out.is_null() && inp.is_none_or(Value::is_object) {
+                    return Err(format!(
+                        "{at} is {}, not an object of strings, and the input's was {}: the API server would refuse the object",
+                        initium::engine::describe_value(out),
+                        inp.map_or("absent", |_| "an object")
+                    ));
+                }
+                continue;
+            };
+            for (k, v) in entries {
+                let before = child(inp, k);
+                if !v.is_string() && before.is_none_or(Value::is_string) {
+                    return Err(format!(
+                        "{at}/{} is {}, not a string, and the input's was {}: the API server would refuse the object",
+                        escape(k),
+                        initium::engine::describe_value(v),
+                        before.map_or("absent", |_| "a string")
                     ));
                 }
             }

@@ -100,6 +100,21 @@ impl InternalError {
     }
 }
 
+/// A rule that would leave a label or annotation value that is not a string (a template that
+/// selected a number, a boolean or an object, a value written inside `forEach` or into a Pod
+/// template), or labels or annotations that are not an object: the API server refuses the
+/// object with a message that does not name the rule.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the rule would set {field} to {found}; labels and annotations are maps of strings: quote a value written in the rule, and wrap a template that selects a number or boolean in toJson(...)"
+)]
+pub struct NotAString {
+    /// `metadata.labels "team"`, `spec.template.metadata.annotations`.
+    pub field: String,
+    /// `a number`, `a boolean`, `a list`.
+    pub found: &'static str,
+}
+
 /// A rule that would move the object to another name, namespace or type, which the API
 /// server refuses with a message that does not name the rule.
 #[derive(Debug, thiserror::Error)]

@@ -40,7 +40,7 @@ mod template;
 
 pub use autogen::NotInTemplate;
 pub use duration::{DurationError, parse_duration};
-pub use error::{FieldError, IdentityChange, InternalError, RuleErrors};
+pub use error::{FieldError, IdentityChange, InternalError, NotAString, RuleErrors};
 pub use evaluate::{Audited, Denial, Outcome, Verdict};
 pub use explain::{Step, StepResult};
 pub use gate::{

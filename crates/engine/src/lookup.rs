@@ -590,9 +590,10 @@ mod tests {
                 {"merge": {"metadata": {"annotations": {
                     "registry": "{{ lookups.mirror.data.registry }}",
                     "ca": "{{ lookups.mirror.data['ca.crt'] }}",
-                    "whole": "{{ lookups.mirror.data }}",
                     "from": "{{ lookups.mirror.metadata.namespace }}/{{ $.metadata.name }}",
-                }}}},
+                }},
+                // An object is no annotation value (the rule would fail): it goes elsewhere.
+                "spec": {"whole": "{{ lookups.mirror.data }}"}}},
                 {"forEach": "$.spec.containers[*]", "mutations": [
                     {"merge": {"image": "{{ lookups.mirror.data.registry }}/{{ @.name }}"}},
                 ]},
@@ -609,7 +610,7 @@ mod tests {
         assert_eq!(annotations["registry"], "mirror.local");
         assert_eq!(annotations["ca"], "PEM");
         assert_eq!(
-            annotations["whole"],
+            out.object["spec"]["whole"],
             json!({"registry": "mirror.local", "ca.crt": "PEM"})
         );
         assert_eq!(annotations["from"], "team/web");

@@ -240,7 +240,9 @@ impl Pointer {
         while let Some((token, end)) = tokens.next() {
             let next = tokens.peek().map(|(t, _)| t.as_ref());
             if current.is_null() {
-                *current = Value::Object(Default::default());
+                // A null on the way counts as missing: it becomes the container this token
+                // needs (a list for `-` or an index), so a list token never becomes a key.
+                *current = new_container(Some(&token));
             }
             current = match current {
                 Value::Object(map) => map.entry(token.into_owned()).or_insert_with(|| match next {
@@ -1595,6 +1597,21 @@ mod tests {
             .get_or_create(&mut doc, || json!(2))
             .unwrap();
         assert_eq!(doc["spec"]["c"], json!([[{"d": 2}]]));
+        // A null on the way is missing too (fuzz, issue 36: `upsert /spec/tolerations/-` on
+        // `tolerations: null` wrote `tolerations: {"-": [...]}`).
+        let mut doc = json!({"spec": {"tolerations": null, "containers": null}});
+        Pointer::parse("/spec/tolerations/-")
+            .unwrap()
+            .get_or_create(&mut doc, || json!([]))
+            .unwrap();
+        Pointer::parse("/spec/containers/0/env")
+            .unwrap()
+            .get_or_create(&mut doc, || json!([]))
+            .unwrap();
+        assert_eq!(
+            doc,
+            json!({"spec": {"tolerations": [[]], "containers": [{"env": []}]}})
+        );
         assert!(
             Pointer::parse("/spec/tolerations/-")
                 .unwrap()

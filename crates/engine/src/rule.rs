@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::api::{self, FailurePolicy, GATED_LABEL, Mode, Operation, RuleSpec};
 
 use super::autogen::{self, Templates};
-use super::error::{Errors, IdentityChange, InternalError, RuleErrors};
+use super::error::{Errors, IdentityChange, InternalError, NotAString, RuleErrors};
 use super::gate::{self, CompiledGate};
 use super::journal::Journal;
 use super::kind::{Gvk, KindPattern};
@@ -23,6 +23,7 @@ use super::mutation::{self, Mutation, MutationError};
 use super::path::{Pointer, Query, type_name as describe_value};
 use super::stop::Stop;
 use super::subject::{RuleId, Subject};
+use super::untrusted::InQuotes;
 
 /// A rule ready for the index.
 #[derive(Clone, Debug)]
@@ -331,7 +332,8 @@ impl CompiledRule {
         let mut journal = Journal::default();
         let result = catch_unwind(AssertUnwindSafe(|| {
             self.mutate(subject.operation, doc, &found, &mut journal, meter)?;
-            check_identity(&journal, doc)
+            check_identity(&journal, doc)?;
+            check_metadata_values(&journal, doc)
         }))
         .unwrap_or_else(|panic| Err(InternalError::from_panic(&*panic).into()));
         match result {
@@ -412,6 +414,75 @@ fn check_identity(journal: &Journal, doc: &Value) -> Result<(), Stop> {
                 after: show(pointer.get(doc)),
             }
             .into());
+        }
+    }
+    Ok(())
+}
+
+/// Where an `ObjectMeta` is in the objects rules change: the object's own, and those of the
+/// Pod and Job templates of the built-in controllers.
+fn object_metas(doc: &Value) -> impl Iterator<Item = Pointer> + '_ {
+    static FIXED: LazyLock<[Pointer; 4]> = LazyLock::new(|| {
+        [
+            Pointer::from_tokens(["metadata"]),
+            Pointer::from_tokens(["spec", "template", "metadata"]),
+            Pointer::from_tokens(["spec", "jobTemplate", "metadata"]),
+            Pointer::from_tokens(["spec", "jobTemplate", "spec", "template", "metadata"]),
+        ]
+    });
+    let claims = doc
+        .pointer("/spec/volumeClaimTemplates")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    FIXED.iter().cloned().chain((0..claims).map(|i| {
+        Pointer::from_tokens(["spec", "volumeClaimTemplates"])
+            .child_index(i)
+            .child("metadata")
+    }))
+}
+
+/// Labels and annotations are maps of strings. A rule that would leave a value that is not
+/// one where there was a string or nothing (or the map itself not an object where there was
+/// one or nothing) fails, named, rather than the API server refusing the object without
+/// naming the rule. Values that were not strings before the rule are not its doing.
+fn check_metadata_values(journal: &Journal, doc: &Value) -> Result<(), Stop> {
+    for meta in object_metas(doc) {
+        let Some(Value::Object(meta_map)) = meta.get(doc) else {
+            continue;
+        };
+        for field in ["labels", "annotations"] {
+            let at = meta.child(field);
+            let shown = || at.as_str().trim_start_matches('/').replace('/', ".");
+            match meta_map.get(field) {
+                None | Some(Value::Null) => {}
+                Some(Value::Object(entries)) => {
+                    for (key, value) in entries {
+                        if value.is_string() {
+                            continue;
+                        }
+                        if let Some(before) = journal.changed_at(doc, &at.child(key))
+                            && before.as_ref().is_none_or(Value::is_string)
+                        {
+                            return Err(NotAString {
+                                field: format!("{} {}", shown(), InQuotes(key)),
+                                found: describe_value(value),
+                            }
+                            .into());
+                        }
+                    }
+                }
+                Some(other) => {
+                    if let Some(before) = journal.changed_at(doc, &at)
+                        && before.as_ref().is_none_or(Value::is_object)
+                    {
+                        return Err(NotAString {
+                            field: shown(),
+                            found: describe_value(other),
+                        }
+                        .into());
+                    }
+                }
+            }
         }
     }
     Ok(())
@@ -617,4 +688,130 @@ fn count_regexes(spec: &RuleSpec) -> usize {
         .count();
     let mutations: usize = spec.mutations.iter().map(mutation::count_regexes).sum();
     conditions + mutations
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use serde_json::json;
+
+    use crate::{Gvk, RanBefore, RuleIndex, compile_document};
+
+    use super::*;
+
+    /// The rule's mutations applied to `object` with `failurePolicy: Fail`: the output, or the
+    /// denial's message.
+    fn run(mutations: Value, object: Value) -> Result<Value, String> {
+        let doc = json!({"apiVersion": "initium.dev/v1alpha1", "kind": "ClusterMutationRule",
+                         "metadata": {"name": "r"},
+                         "spec": {"failurePolicy": "Fail", "match": {"kinds": ["*"]},
+                                  "mutations": mutations}});
+        let rule = compile_document(&doc, "default").map_err(|e| e.to_string())?;
+        let gvk = Gvk::from_api_version(
+            object["apiVersion"].as_str().unwrap(),
+            object["kind"].as_str().unwrap(),
+        );
+        let subject = Subject {
+            gvk: &gvk,
+            operation: Operation::Create,
+            namespace: Some("default"),
+            name: Some("web"),
+            namespace_labels: None,
+            lookups: None,
+            ran_before: RanBefore::Unknown,
+        };
+        RuleIndex::new(vec![rule])
+            .evaluate(&subject, object, None)
+            .map(|o| o.object)
+            .map_err(|d| d.message)
+    }
+
+    /// Fuzz, issue 36: templates that select numbers, booleans or objects, values written
+    /// inside `forEach` or into a Pod template passed `initium check` and gave labels the API
+    /// server refuses. The rule fails instead, saying what to do.
+    #[test]
+    fn a_rule_that_would_leave_a_label_value_that_is_not_a_string_fails() {
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "labels": {"app": "web"}},
+            "spec": {"replicas": 3, "template": {"metadata": {"labels": {"app": "web"}}}}});
+        for (mutations, field, found) in [
+            (
+                json!([{"merge": {"metadata": {"labels": {"replicas": "{{ $.spec.replicas }}"}}}}]),
+                "metadata.labels \"replicas\"",
+                "a number",
+            ),
+            (
+                json!([{"merge": {"spec": {"template": {"metadata": {"annotations": {"backup": true}}}}}}]),
+                "spec.template.metadata.annotations \"backup\"",
+                "a boolean",
+            ),
+            (
+                json!([{"forEach": "$.metadata", "mutations": [{"merge": {"labels": {"all": "{{ $.metadata.labels }}"}}}]}]),
+                "metadata.labels \"all\"",
+                "an object",
+            ),
+            (
+                json!([{"patch": [{"op": "add", "path": "/metadata/labels/0", "value": "x"}]},
+                       {"patch": [{"op": "add", "path": "/spec/template/metadata/labels", "value": ["x"]}]}]),
+                "spec.template.metadata.labels",
+                "a list",
+            ),
+        ] {
+            let message = run(mutations.clone(), deployment.clone()).unwrap_err();
+            assert_eq!(
+                message,
+                format!(
+                    "ClusterMutationRule r (failurePolicy Fail) failed: the rule would set {field} to {found}; labels and annotations are maps of strings: quote a value written in the rule, and wrap a template that selects a number or boolean in toJson(...)"
+                ),
+                "{mutations}"
+            );
+        }
+    }
+
+    /// Fuzz, issue 36: a template that renders null in a value written as it is (`upsert`,
+    /// `patch`, a list in a `merge`) wrote `null`; it sets nothing, as in `defaults`. A null
+    /// written in the rule stays.
+    #[test]
+    fn a_template_that_renders_null_in_a_written_value_sets_nothing() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+                         "spec": {"containers": [{"name": "a"}]}});
+        let out = run(
+            json!([
+                {"upsert": {"path": "/spec/containers/0/env", "key": "name",
+                            "value": {"name": "A", "value": "{{ default($.x, null) }}"}}},
+                {"patch": [{"op": "add", "path": "/metadata/labels/team",
+                            "value": "{{ default($.metadata.annotations.team, null) }}"},
+                           {"op": "add", "path": "/spec/x", "value": {"a": "{{ default($.x, null) }}", "b": null}}]},
+                {"merge": {"spec": {"args": ["a", "{{ default($.x, null) }}"]}}},
+            ]),
+            pod,
+        )
+        .unwrap();
+        assert_eq!(out["spec"]["containers"][0]["env"], json!([{"name": "A"}]));
+        assert_eq!(out["metadata"].get("labels"), None);
+        assert_eq!(out["spec"]["x"], json!({"b": null}));
+        assert_eq!(out["spec"]["args"], json!(["a"]));
+    }
+
+    #[test]
+    fn a_value_that_was_not_a_string_before_the_rule_is_not_its_doing() {
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "labels": {"app": "web"}},
+            "spec": {"replicas": 3, "template": {"metadata": {"labels": {"app": "web"}}}}});
+        // What toJson makes is text; a value that was not a string before is not the rule's.
+        let out = run(
+            json!([{"merge": {"metadata": {"labels": {"replicas": "{{ toJson($.spec.replicas) }}"}}}}]),
+            deployment.clone(),
+        )
+        .unwrap();
+        assert_eq!(out["metadata"]["labels"]["replicas"], "3");
+        let mut odd = deployment.clone();
+        odd["metadata"]["labels"]["n"] = json!(1);
+        let out = run(
+            json!([{"merge": {"metadata": {"labels": {"team": "a"}}}}]),
+            odd,
+        )
+        .unwrap();
+        assert_eq!(out["metadata"]["labels"]["n"], 1);
+    }
 }

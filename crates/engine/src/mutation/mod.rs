@@ -367,6 +367,20 @@ impl<'a> Site<'a> {
         Ok(Rendered::Value(template.render(&scope, meter)?))
     }
 
+    /// [`Site::render`] for a value written as it is (`upsert`, `patch`): a member or list
+    /// element whose template renders `null` is left out ([`Template::render_written`]).
+    pub fn render_written<'t>(
+        &self,
+        template: &'t Template,
+        meter: &mut Meter,
+    ) -> Result<Rendered<'t>, Stop> {
+        if let Some(literal) = template.literal() {
+            return Ok(Rendered::Literal(literal));
+        }
+        let scope = self.scope(template)?;
+        Ok(Rendered::Value(template.render_written(&scope, meter)?))
+    }
+
     /// What a template renders against: the object as it is now, and `@` (looked up only
     /// for templates that use it).
     fn scope(&self, template: &Template) -> Result<Scope<'_>, Stop> {
@@ -655,6 +669,26 @@ mod tests {
         // `-` and indexes are list tokens as before; a key like `-x` is a key.
         compiled(json!({"patch": [{"op": "add", "path": "/spec/tolerations/-", "value": {}}]}));
         compiled(json!({"patch": [{"op": "add", "path": "/data/-x", "value": "1"}]}));
+    }
+
+    /// Fuzz (idempotence oracle): `-` in an upsert path made a new list element at every run,
+    /// so applying the rule to its own output changed it again.
+    #[test]
+    fn an_upsert_path_through_a_new_list_element_is_refused() {
+        for path in ["/spec/containers/-", "/spec/x/-/y"] {
+            let errors = compile_errors(
+                json!({"upsert": {"path": path, "key": "name", "value": {"name": "a"}}}),
+            );
+            assert_eq!(
+                errors,
+                [
+                    "spec.mutations[0].upsert.path: \"-\" names a new list element, so the upsert would add one every time the rule runs; point the path at the list itself (it is created when absent), or at an element by its index"
+                ],
+            );
+        }
+        compiled(
+            json!({"upsert": {"path": "/spec/containers/0/env", "key": "name", "value": {"name": "a"}}}),
+        );
     }
 
     #[test]

@@ -156,13 +156,21 @@ impl Patch {
         let mut values = Vec::with_capacity(self.steps.len());
         for step in &self.steps {
             values.push(match &step.value {
-                Some(t) => Some(site.render(t, meter)?),
+                // A test compares with the value as rendered, nulls included.
+                Some(t) if step.op == PatchOp::Test => Some(site.render(t, meter)?),
+                Some(t) => Some(site.render_written(t, meter)?),
                 None => None,
             });
         }
         let base = site.base();
         let target = site.target()?;
         for (i, (step, value)) in self.steps.iter().zip(values).enumerate() {
+            if matches!(value, Some(Rendered::Value(Value::Null)))
+                && matches!(step.op, PatchOp::Add | PatchOp::Replace)
+            {
+                // A template that renders null sets nothing, as in `defaults`.
+                continue;
+            }
             let in_context = |e: Stop| e.context(|| format!("patch[{i}] {}", step.describe()));
             step.count(target, base, value.as_ref(), meter)
                 .map_err(in_context)?;

@@ -21,7 +21,18 @@ pub(crate) struct Upsert {
 }
 
 pub(super) fn compile(spec: &api::Upsert, at: &str, cx: &mut Compiler) -> Option<Upsert> {
-    let path = cx.pointer(&spec.path, &format!("{at}.upsert.path"));
+    let mut path = cx.pointer(&spec.path, &format!("{at}.upsert.path"));
+    // `-` is a new list element every time: the upsert would add another each time it runs.
+    if path
+        .as_ref()
+        .is_some_and(|p| p.tokens().any(|(t, _)| t == "-"))
+    {
+        cx.push(
+            format!("{at}.upsert.path"),
+            "\"-\" names a new list element, so the upsert would add one every time the rule runs; point the path at the list itself (it is created when absent), or at an element by its index",
+        );
+        path = None;
+    }
     let key_fixed = cx.fixed(
         &spec.key,
         &format!("{at}.upsert.key"),
@@ -67,7 +78,7 @@ impl Upsert {
         journal: &mut Journal,
         meter: &mut Meter,
     ) -> Result<(), Stop> {
-        let value = site.render(&self.value, meter)?;
+        let value = site.render_written(&self.value, meter)?;
         let base = site.base();
         let target = site.target()?;
         // The value lands as an element of the list at `path`.

@@ -140,7 +140,14 @@ impl Template {
     /// object into itself stops at the output limit instead of exhausting memory. The caller
     /// counts the fixed part ([`Template::size`]).
     pub fn render(&self, scope: &Scope, meter: &mut Meter) -> Result<Value, Stop> {
-        render_node(&self.node, scope, meter)
+        render_node(&self.node, scope, meter, Nulls::Kept)
+    }
+
+    /// Renders a value that is written as it is (an `upsert` value, a `patch` value), where a
+    /// template that renders `null` sets nothing, as in `defaults`: a member or list element
+    /// whose template renders `null` is left out. A `null` written in the rule stays.
+    pub fn render_written(&self, scope: &Scope, meter: &mut Meter) -> Result<Value, Stop> {
+        render_node(&self.node, scope, meter, Nulls::LeftOut)
     }
 
     /// Renders, as `defaults` needs it, only the fields `current` (what the object has where
@@ -165,7 +172,7 @@ fn render_missing(
     meter: &mut Meter,
 ) -> Result<Option<Value>, Stop> {
     let Node::Object(entries) = node else {
-        let value = render_node(node, scope, meter)?;
+        let value = render_node(node, scope, meter, Nulls::LeftOut)?;
         return Ok((!value.is_null()).then_some(value));
     };
     let empty = Map::new();
@@ -325,7 +332,16 @@ fn parse_string(s: &str, parser: &mut Parser) -> Result<Vec<Part>, TemplateError
     Ok(parts)
 }
 
-fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, Stop> {
+/// What [`render_node`] does with a template that renders `null` inside an object or list.
+#[derive(Clone, Copy, PartialEq)]
+enum Nulls {
+    /// Written: a merge removes the member.
+    Kept,
+    /// Left out: the value is written as it is, and a templated `null` sets nothing.
+    LeftOut,
+}
+
+fn render_node(node: &Node, scope: &Scope, meter: &mut Meter, nulls: Nulls) -> Result<Value, Stop> {
     Ok(match node {
         Node::Literal(v) => v.to_value(),
         Node::Whole(t) => match &t.expr {
@@ -353,12 +369,17 @@ fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, S
             }
         },
         Node::Parts(parts) => Value::String(render_parts(parts, scope, meter)?),
-        Node::Array(items) => Value::Array(
-            items
-                .iter()
-                .map(|n| render_node(n, scope, meter))
-                .collect::<Result<_, _>>()?,
-        ),
+        Node::Array(items) => {
+            // A list is written as it is, by a merge too (RFC 7396 replaces lists whole).
+            let mut out = Vec::with_capacity(items.len());
+            for n in items {
+                let v = render_node(n, scope, meter, Nulls::LeftOut)?;
+                if !(v.is_null() && matches!(n, Node::Whole(_))) {
+                    out.push(v);
+                }
+            }
+            Value::Array(out)
+        }
         Node::Object(entries) => {
             let mut map = Map::new();
             for (k, n) in entries {
@@ -370,7 +391,10 @@ fn render_node(node: &Node, scope: &Scope, meter: &mut Meter) -> Result<Value, S
                     // A key over a query that selected nothing: no entry.
                     continue;
                 }
-                let rendered = render_node(n, scope, meter)?;
+                let rendered = render_node(n, scope, meter, nulls)?;
+                if nulls == Nulls::LeftOut && rendered.is_null() && matches!(n, Node::Whole(_)) {
+                    continue;
+                }
                 if let (Node::Object(written), Value::Object(got)) = (n, &rendered)
                     && !written.is_empty()
                     && got.is_empty()
