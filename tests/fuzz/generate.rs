@@ -553,10 +553,30 @@ pub fn object(rng: &mut Rng) -> Value {
                                 "labels": {"app": "web"}},
                    "spec": {"containers": containers}})
         }
-        7 => json!({"apiVersion": "apps/v1", "kind": "Deployment",
-                    "metadata": {"name": "web", "namespace": "shop"},
-                    "spec": {"replicas": 2, "template": {"metadata": {"labels": {"app": "web"}},
-                             "spec": {"containers": [container(rng, 0), container(rng, 1)]}}}}),
+        7 => {
+            // A controller with a Pod template (what autogen rules run on).
+            let template = match rng.below(8) {
+                0 => json!({"spec": {"containers": [container(rng, 0)]}}),
+                1 => value(rng, 2, false, false),
+                _ => json!({"metadata": {"labels": {"app": "web"}},
+                            "spec": {"containers": [container(rng, 0), container(rng, 1)]}}),
+            };
+            let (api_version, kind) = *rng.pick(&[
+                ("apps/v1", "Deployment"),
+                ("apps/v1", "StatefulSet"),
+                ("apps/v1", "DaemonSet"),
+                ("apps/v1", "ReplicaSet"),
+                ("batch/v1", "Job"),
+                ("batch/v1", "CronJob"),
+            ]);
+            let spec = if kind == "CronJob" {
+                json!({"schedule": "0 * * * *", "jobTemplate": {"spec": {"template": template}}})
+            } else {
+                json!({"replicas": 2, "template": template})
+            };
+            json!({"apiVersion": api_version, "kind": kind,
+                   "metadata": {"name": "web", "namespace": "shop"}, "spec": spec})
+        }
         8 => {
             json!({"apiVersion": "v1", "kind": rng.pick(&["Namespace", "ConfigMap", "Secret", "Service"]),
                     "metadata": {"name": name(rng), "labels": {"team": "a"}},
@@ -1053,6 +1073,38 @@ pub fn rule(rng: &mut Rng, index: usize) -> Value {
             })
             .collect();
         spec.insert("gate".into(), json!({"waitFor": wait_for}));
+    }
+    if rng.chance(12) {
+        // Autogen: the rule also runs on controllers' Pod templates (valid only on Pod rules
+        // without a gate; otherwise a compile error to check).
+        let controllers = [
+            "Deployment",
+            "StatefulSet",
+            "DaemonSet",
+            "ReplicaSet",
+            "Job",
+            "CronJob",
+        ];
+        let autogen = match rng.below(5) {
+            0..=2 => json!({}),
+            3 => {
+                let picked: Vec<&str> = (0..rng.range(1, 3))
+                    .map(|_| *rng.pick(&controllers))
+                    .collect();
+                json!({"controllers": picked})
+            }
+            _ => rng
+                .pick(&[
+                    json!({"controllers": ["Rollout"]}),
+                    json!({"controllers": []}),
+                    json!(true),
+                ])
+                .clone(),
+        };
+        spec.insert("autogen".into(), autogen);
+        if rng.chance(60) {
+            spec.insert("match".into(), json!({"kinds": ["Pod"]}));
+        }
     }
     if rng.chance(3) {
         spec.insert("bogusField".into(), json!(1));
