@@ -136,6 +136,8 @@ pub(crate) enum Outcome {
     Gone,
     /// Every attempt met a 409.
     Conflicted,
+    /// Not written: this replica lost the Lease while the release waited for a write slot.
+    NotLeading,
     Failed(kube::Error),
 }
 
