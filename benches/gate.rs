@@ -212,8 +212,11 @@ fn compare(runs: u32) -> Result<()> {
                     .as_f64()
                     .unwrap_or(f64::NAN),
                 format!(
-                    "first write {} ms after ready, {} in flight on average, server p50 {} ms",
-                    writes["first_received_ms"], writes["mean_in_flight"], writes["server_p50_ms"]
+                    "first write {} ms after ready, {} in flight on average, server p50 {} ms, slot empty p50 {} ms",
+                    writes["first_received_ms"],
+                    writes["mean_in_flight"],
+                    writes["server_p50_ms"],
+                    writes["refill_p50_ms"]
                 ),
             ));
         }
@@ -621,9 +624,18 @@ struct Writes {
     mean_in_flight: f64,
     /// The API server's time per write, microseconds.
     server_us: Vec<u32>,
+    /// With `n` writes in flight, the k-th write received minus the (k-n)-th completed, in
+    /// microseconds: how long a slot stays empty outside the API server (response to the
+    /// writer, the writer's next request to the API server).
+    refill_us: Vec<u32>,
 }
 
-fn release_writes(log: &Path, ready_us: i64, (from, to): (i64, i64)) -> Result<Writes> {
+fn release_writes(
+    log: &Path,
+    ready_us: i64,
+    (from, to): (i64, i64),
+    in_flight: usize,
+) -> Result<Writes> {
     let text = std::fs::read_to_string(log)
         .with_context(|| format!("cannot read the audit log {}", log.display()))?;
     let mut spans = Vec::new();
@@ -659,6 +671,16 @@ fn release_writes(log: &Path, ready_us: i64, (from, to): (i64, i64)) -> Result<W
         return Ok(Writes::default());
     };
     let busy: i64 = spans.iter().map(|(at, done)| done - at).sum();
+    let mut received: Vec<i64> = spans.iter().map(|s| s.0).collect();
+    let mut completed: Vec<i64> = spans.iter().map(|s| s.1).collect();
+    received.sort_unstable();
+    completed.sort_unstable();
+    let refill_us = received
+        .iter()
+        .skip(in_flight)
+        .zip(&completed)
+        .map(|(at, freed)| u32::try_from((at - freed).max(0)).unwrap_or(u32::MAX))
+        .collect();
     Ok(Writes {
         count: spans.len(),
         first_received_ms: (first - ready_us) as f64 / 1000.0,
@@ -668,6 +690,7 @@ fn release_writes(log: &Path, ready_us: i64, (from, to): (i64, i64)) -> Result<W
             .iter()
             .map(|(at, done)| u32::try_from(done - at).unwrap_or(u32::MAX))
             .collect(),
+        refill_us,
     })
 }
 
@@ -866,6 +889,8 @@ fn run(args: &Args) -> Result<bool> {
         &audit_log,
         release.endpoint_ready_epoch_us,
         (epoch_micros(release_from), epoch_micros(release_to)),
+        // initium's default --gate-release-concurrency is the floor's default too.
+        args.floor_concurrency as usize,
     )?;
     // INITIUM_BENCH_GATE_KEEP=DIR keeps the audit log and initium's log of each run there.
     if let Some(keep) = std::env::var_os("INITIUM_BENCH_GATE_KEEP") {
@@ -1342,14 +1367,16 @@ fn report(
         );
     }
     let server = Percentiles::new(writes.server_us.clone());
+    let refill = Percentiles::new(writes.refill_us.clone());
     println!(
-        "    the release writes (audit log, whoever wrote them): {}, first received {:.0} ms and last completed {:.0} ms after the endpoint was seen ready, {:.1} in the API server at once on average, its time per write p50 {:.1} ms, p99 {:.1} ms",
+        "    the release writes (audit log, whoever wrote them): {}, first received {:.0} ms and last completed {:.0} ms after the endpoint was seen ready, {:.1} in the API server at once on average, its time per write p50 {:.1} ms, p99 {:.1} ms; a slot empty between two writes p50 {:.1} ms",
         writes.count,
         writes.first_received_ms,
         writes.last_done_ms,
         writes.mean_in_flight,
         server.ms(0.50),
-        server.ms(0.99)
+        server.ms(0.99),
+        refill.ms(0.50)
     );
     println!(
         "  initium peak memory (VmHWM): {:.1} MiB; its user agent(s) in the audit log: {agents:?}",
@@ -1409,6 +1436,7 @@ fn report(
                 "mean_in_flight": round(writes.mean_in_flight, 2),
                 "server_p50_ms": round(server.ms(0.50), 1),
                 "server_p99_ms": round(server.ms(0.99), 1),
+                "refill_p50_ms": round(refill.ms(0.50), 1),
             },
         },
         "initium_peak_rss_mib": round(mib(peak_kib), 1),
