@@ -204,15 +204,25 @@ fn compare(runs: u32) -> Result<()> {
             if line["complete"] != true {
                 bail!("run {run} ({releaser}) did not release every Pod: see its report above");
             }
+            let writes = &line["release"]["writes"];
             pair.push((
                 line["release"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
                 line["release"]["p50_ms"].as_f64().unwrap_or(f64::NAN),
                 line["release"]["all_released_s"]
                     .as_f64()
                     .unwrap_or(f64::NAN),
+                format!(
+                    "first write {} ms after ready, {} in flight on average, server p50 {} ms, slot empty p50 {} ms",
+                    writes["first_received_ms"],
+                    writes["mean_in_flight"],
+                    writes["server_p50_ms"],
+                    writes["refill_p50_ms"]
+                ),
             ));
         }
-        pairs.push((pair[0], pair[1]));
+        let floor = pair.pop().context("no floor run")?;
+        let initium = pair.pop().context("no initium run")?;
+        pairs.push((initium, floor));
     }
     println!(
         "gate --compare {runs}: release latency after the endpoint was ready, initium then the floor"
@@ -230,6 +240,10 @@ fn compare(runs: u32) -> Result<()> {
             floor.1,
             floor.0,
             floor.2
+        );
+        println!(
+            "    writes (audit log): initium {}; floor {}",
+            initium.3, floor.3
         );
     }
     let mut sorted = ratios.clone();
@@ -595,6 +609,91 @@ fn count_requests(log: &Path, windows: &[(i64, i64)]) -> Result<(Vec<Requests>, 
     Ok((counted, agents))
 }
 
+/// The release writes in the audit log, whoever wrote them (initium, or the benchmark with
+/// --floor): Pod patches by the admin user in `[from, to)`, placed against the moment the
+/// endpoint was seen ready. The same figures for both releasers, so a run and its floor can
+/// be compared write by write.
+#[derive(Debug, Default)]
+struct Writes {
+    count: usize,
+    /// Endpoint seen ready to the first write received by the API server, ms.
+    first_received_ms: f64,
+    /// Endpoint seen ready to the last write completed, ms.
+    last_done_ms: f64,
+    /// Writes in the API server at once, averaged over first received to last completed.
+    mean_in_flight: f64,
+    /// The API server's time per write, microseconds.
+    server_us: Vec<u32>,
+    /// With `n` writes in flight, the k-th write received minus the (k-n)-th completed, in
+    /// microseconds: how long a slot stays empty outside the API server (response to the
+    /// writer, the writer's next request to the API server).
+    refill_us: Vec<u32>,
+}
+
+fn release_writes(
+    log: &Path,
+    ready_us: i64,
+    (from, to): (i64, i64),
+    in_flight: usize,
+) -> Result<Writes> {
+    let text = std::fs::read_to_string(log)
+        .with_context(|| format!("cannot read the audit log {}", log.display()))?;
+    let mut spans = Vec::new();
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let agent = event["userAgent"].as_str().unwrap_or_default();
+        if event["stage"] != "ResponseComplete"
+            || event["verb"] != "patch"
+            || event["objectRef"]["resource"] != "pods"
+            || event["objectRef"]["subresource"].is_string()
+            || !(agent.starts_with("initium/") || agent == BENCH_USER_AGENT)
+        {
+            continue;
+        }
+        let (Some(at), Some(done)) = (
+            event["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(parse_timestamp),
+            event["stageTimestamp"].as_str().and_then(parse_timestamp),
+        ) else {
+            continue;
+        };
+        if (from..to).contains(&at) {
+            spans.push((at, done));
+        }
+    }
+    let (Some(first), Some(last)) = (
+        spans.iter().map(|s| s.0).min(),
+        spans.iter().map(|s| s.1).max(),
+    ) else {
+        return Ok(Writes::default());
+    };
+    let busy: i64 = spans.iter().map(|(at, done)| done - at).sum();
+    let mut received: Vec<i64> = spans.iter().map(|s| s.0).collect();
+    let mut completed: Vec<i64> = spans.iter().map(|s| s.1).collect();
+    received.sort_unstable();
+    completed.sort_unstable();
+    let refill_us = received
+        .iter()
+        .skip(in_flight)
+        .zip(&completed)
+        .map(|(at, freed)| u32::try_from((at - freed).max(0)).unwrap_or(u32::MAX))
+        .collect();
+    Ok(Writes {
+        count: spans.len(),
+        first_received_ms: (first - ready_us) as f64 / 1000.0,
+        last_done_ms: (last - ready_us) as f64 / 1000.0,
+        mean_in_flight: busy as f64 / (last - first).max(1) as f64,
+        server_us: spans
+            .iter()
+            .map(|(at, done)| u32::try_from(done - at).unwrap_or(u32::MAX))
+            .collect(),
+        refill_us,
+    })
+}
+
 /// A Prometheus histogram on initium's `/metrics`, if it is there.
 #[derive(Debug)]
 struct Histogram {
@@ -679,6 +778,9 @@ struct Wait {
 struct Release {
     /// Backend created to its first ready endpoint seen.
     endpoint_ready_s: f64,
+    /// When the first ready endpoint was seen, in microseconds since the Unix epoch (to place
+    /// the audit log's release writes against it).
+    endpoint_ready_epoch_us: i64,
     /// Release latency per released Pod, microseconds.
     latencies: Percentiles,
     released: usize,
@@ -783,6 +885,29 @@ fn run(args: &Args) -> Result<bool> {
             (epoch_micros(release_from), epoch_micros(release_to)),
         ],
     )?;
+    let writes = release_writes(
+        &audit_log,
+        release.endpoint_ready_epoch_us,
+        (epoch_micros(release_from), epoch_micros(release_to)),
+        // initium's default --gate-release-concurrency is the floor's default too.
+        args.floor_concurrency as usize,
+    )?;
+    // INITIUM_BENCH_GATE_KEEP=DIR keeps the audit log and initium's log of each run there.
+    if let Some(keep) = std::env::var_os("INITIUM_BENCH_GATE_KEEP") {
+        let keep = Path::new(&keep);
+        std::fs::create_dir_all(keep)?;
+        let run = format!(
+            "{}-{}",
+            if args.floor { "floor" } else { "initium" },
+            std::process::id()
+        );
+        std::fs::copy(&audit_log, keep.join(format!("audit-{run}.log")))?;
+        let _ = std::fs::copy(&log, keep.join(format!("initium-{run}.log")));
+        eprintln!(
+            "bench: kept the audit log as {}",
+            keep.join(format!("audit-{run}.log")).display()
+        );
+    }
     drop(initium);
     runtime.shutdown_timeout(Duration::from_secs(1));
     drop(plane);
@@ -799,6 +924,7 @@ fn run(args: &Args) -> Result<bool> {
         &release,
         &wait_requests,
         &release_requests,
+        &writes,
         &agents,
         peak_kib,
     );
@@ -1025,6 +1151,8 @@ async fn release_phase(
         );
     };
     let endpoint_ready_s = ready_at.duration_since(started).as_secs_f64();
+    let endpoint_ready_epoch_us = epoch_micros(SystemTime::now())
+        - i64::try_from(ready_at.elapsed().as_micros()).unwrap_or(0);
     eprintln!(
         "bench: the backend's endpoint was ready after {endpoint_ready_s:.2}s; waiting for the releases"
     );
@@ -1085,6 +1213,7 @@ async fn release_phase(
         .unwrap_or_default();
     Ok(Release {
         endpoint_ready_s,
+        endpoint_ready_epoch_us,
         released: micros.len(),
         latencies: Percentiles::new(micros),
         released_before_endpoint,
@@ -1136,6 +1265,7 @@ fn report(
     release: &Release,
     wait_requests: &Requests,
     release_requests: &Requests,
+    writes: &Writes,
     agents: &[String],
     peak_kib: u64,
 ) {
@@ -1236,6 +1366,18 @@ fn report(
             server.mean_ms()
         );
     }
+    let server = Percentiles::new(writes.server_us.clone());
+    let refill = Percentiles::new(writes.refill_us.clone());
+    println!(
+        "    the release writes (audit log, whoever wrote them): {}, first received {:.0} ms and last completed {:.0} ms after the endpoint was seen ready, {:.1} in the API server at once on average, its time per write p50 {:.1} ms, p99 {:.1} ms; a slot empty between two writes p50 {:.1} ms",
+        writes.count,
+        writes.first_received_ms,
+        writes.last_done_ms,
+        writes.mean_in_flight,
+        server.ms(0.50),
+        server.ms(0.99),
+        refill.ms(0.50)
+    );
     println!(
         "  initium peak memory (VmHWM): {:.1} MiB; its user agent(s) in the audit log: {agents:?}",
         mib(peak_kib)
@@ -1287,6 +1429,15 @@ fn report(
             "requests": release_requests.json(),
             "initium_histogram": histogram,
             "initium_gate_releases_total": release.releases_total_metric,
+            "writes": {
+                "count": writes.count,
+                "first_received_ms": round(writes.first_received_ms, 1),
+                "last_done_ms": round(writes.last_done_ms, 1),
+                "mean_in_flight": round(writes.mean_in_flight, 2),
+                "server_p50_ms": round(server.ms(0.50), 1),
+                "server_p99_ms": round(server.ms(0.99), 1),
+                "refill_p50_ms": round(refill.ms(0.50), 1),
+            },
         },
         "initium_peak_rss_mib": round(mib(peak_kib), 1),
         "goal_p99_met": goal_p99,

@@ -22,7 +22,10 @@
 //!
 //! **Writes** ([`release`]): only the Lease holder writes; the others keep the same state
 //! warm and, on gaining the Lease, release every releasable Pod at once. One merge patch per
-//! Pod with its resourceVersion, at most `--gate-release-concurrency` at a time.
+//! Pod with its resourceVersion, at most `--gate-release-concurrency` at a time; as many more
+//! wait for a slot with their patch ready (in the order they were dispatched), so a write that
+//! ends is followed at once by the next, not after a turn of the duty's loop. A release
+//! waiting for a slot was decided at most one round of writes before it is written.
 //!
 //! **Job memory**: a Job seen succeeded stays satisfied for later Pods after it is deleted
 //! (a TTL), in every replica (all run the watches), so it survives a leader change. A
@@ -44,7 +47,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use tokio::sync::{mpsc, watch as channel};
+use tokio::sync::{Semaphore, mpsc, watch as channel};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -67,6 +70,9 @@ const SYNC_CHECK: Duration = Duration::from_millis(100);
 /// First retry of a failed release write; doubles up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
+/// Releases dispatched at once, in rounds of `--gate-release-concurrency`: one round writing,
+/// the next waiting for their slots.
+const DISPATCHED_ROUNDS: usize = 2;
 
 /// The `gates` duty (see the module documentation).
 pub(crate) struct Gates {
@@ -122,8 +128,11 @@ struct Run<'a> {
     leader: Leader,
     events: Events,
     concurrency: usize,
-    /// Release writes in flight now: the Event publisher waits while there are any.
+    /// Release writes dispatched now (writing or waiting for a slot): the Event publisher
+    /// waits while there are any.
     writing: channel::Sender<usize>,
+    /// `concurrency` slots: a dispatched release writes only while it holds one.
+    slots: Arc<Semaphore>,
     waiting: Waiting,
     rules: GateRules,
     index: Option<Arc<RuleIndex>>,
@@ -173,6 +182,7 @@ impl Duty for Gates {
             events: Events::start(Recorder::new(client.clone(), reporter), writing_rx),
             writing: writing_tx,
             concurrency: *concurrency,
+            slots: Arc::new(Semaphore::new(*concurrency)),
             watches: Watches::new(client.clone(), tx, context.clone()),
             backoff: context.backoff(RETRY_FIRST, RETRY_MAX),
             waiting: Waiting::default(),
@@ -365,11 +375,13 @@ impl Run<'_> {
         }
     }
 
-    /// Starts the writes of releasable Pods, up to `concurrency` at a time.
+    /// Starts the writes of releasable Pods: `concurrency` write at a time (each holds a
+    /// slot), and up to as many more wait for a slot with their plan, so that a slot freed is
+    /// taken at once.
     fn dispatch(&mut self) {
         let mut gone = Vec::new();
         for (key, releasable) in &self.releasable {
-            if self.in_flight.len() >= self.concurrency {
+            if self.in_flight.len() >= self.concurrency.saturating_mul(DISPATCHED_ROUNDS) {
                 break;
             }
             if self.in_flight.contains(key) || self.retry.contains(key) {
@@ -393,11 +405,26 @@ impl Run<'_> {
                 trigger,
             };
             self.in_flight.insert(key.clone());
-            self.writes.spawn(release::release(
+            let (client, events, slots, leader) = (
                 self.client.clone(),
                 self.events.clone(),
-                plan,
-            ));
+                self.slots.clone(),
+                self.leader.clone(),
+            );
+            self.writes.spawn(async move {
+                // The semaphore is never closed; were it, the write would go without a slot.
+                let _slot = slots.acquire_owned().await.ok();
+                // The Lease may have been lost while this release waited for its slot.
+                if !leader.is_leader() {
+                    return Done {
+                        key: plan.pod.key.clone(),
+                        plan,
+                        outcome: Outcome::NotLeading,
+                        conflicts: 0,
+                    };
+                }
+                release::release(client, events, plan).await
+            });
         }
         for key in gone {
             self.releasable.remove(&key);
@@ -433,6 +460,8 @@ impl Run<'_> {
             Outcome::Gone => {
                 self.releasable.remove(&key);
             }
+            // Still releasable: written when this replica leads again.
+            Outcome::NotLeading => {}
             Outcome::Conflicted => self.failed(
                 key,
                 &format!(

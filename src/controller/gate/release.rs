@@ -10,7 +10,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{
     NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, Pod,
 };
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, ValidationDirective};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -136,6 +136,8 @@ pub(crate) enum Outcome {
     Gone,
     /// Every attempt met a 409.
     Conflicted,
+    /// Not written: this replica lost the Lease while the release waited for a write slot.
+    NotLeading,
     Failed(kube::Error),
 }
 
@@ -153,8 +155,14 @@ pub(crate) struct Done {
 pub(crate) async fn release(client: Client, events: Events, plan: Plan) -> Done {
     let key = plan.pod.key.clone();
     let api = Api::<Pod>::namespaced(client, &key.namespace);
+    // initium writes only fields it knows (`fieldValidation=Ignore`: the API server does not
+    // decode the patched Pod a second, strict time to look for unknown or duplicate fields),
+    // and reads back only the metadata (`patch_metadata` sends the same patch, with
+    // `Accept: ...;as=PartialObjectMetadata`): the API server encodes, and initium decodes,
+    // a fraction of the Pod it would otherwise send back, on every release of a wave.
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
+        field_validation: Some(ValidationDirective::Ignore),
         ..PatchParams::default()
     };
     let mut view = plan.pod.clone();
@@ -167,7 +175,10 @@ pub(crate) async fn release(client: Client, events: Events, plan: Plan) -> Done 
             };
             break;
         };
-        match api.patch(&key.name, &params, &Patch::Merge(&patch)).await {
+        match api
+            .patch_metadata(&key.name, &params, &Patch::Merge(&patch))
+            .await
+        {
             Ok(_) => {
                 outcome = Outcome::Released {
                     over: view.resource_version.clone(),
