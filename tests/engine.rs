@@ -1261,3 +1261,21 @@ fn an_audit_rule_out_of_budget_is_reported_not_enforced() {
         out.audited
     );
 }
+
+/// Found by the fuzz campaign (seed 1795931107888468499): a merge of `null` onto a member
+/// that holds `null` removes it, and that removal is a change the patch carries (it was
+/// made but not recorded, so the patch did not take the object to the output).
+#[test]
+fn a_merged_null_removes_a_null_member_and_the_patch_says_so() {
+    let idx = index(vec![cmr(
+        "drop",
+        json!({"match": {"kinds": ["*"]},
+        "mutations": [{"merge": {"data": null}}]}),
+    )]);
+    let object = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "x", "namespace": "d"}, "data": null});
+    let out = admit(&idx, &object, Some("d"));
+    assert!(out.object.get("data").is_none());
+    assert_eq!(out.applied.len(), 1);
+    assert_patch_reproduces(&object, &out);
+}

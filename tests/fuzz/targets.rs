@@ -432,9 +432,14 @@ impl Literals {
             while let Some(v) = stack.pop() {
                 match v {
                     Value::Object(map) => {
-                        if let (Some(Value::String(path)), Some(Value::Null)) =
-                            (map.get("path"), map.get("value"))
-                        {
+                        // A `copy` or `move` writes what the object holds at `from`,
+                        // null or not: the rule's own instruction, as a literal is.
+                        let copies =
+                            matches!(map.get("op").and_then(Value::as_str), Some("copy" | "move"));
+                        if let (Some(Value::String(path)), true) = (
+                            map.get("path"),
+                            copies || map.get("value") == Some(&Value::Null),
+                        ) {
                             let last = path.rsplit('/').next().unwrap_or_default();
                             literals.null_keys.insert(if list_token(last) {
                                 "[]".to_string()

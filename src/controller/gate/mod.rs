@@ -128,8 +128,8 @@ struct Run<'a> {
     leader: Leader,
     events: Events,
     concurrency: usize,
-    /// Release writes dispatched now (writing or waiting for a slot): the Event publisher
-    /// waits while there are any.
+    /// Release writes dispatched now (writing or waiting for a slot) and written releases
+    /// the watch has not shown yet: the Event publisher waits while there are any.
     writing: channel::Sender<usize>,
     /// `concurrency` slots: a dispatched release writes only while it holds one.
     slots: Arc<Semaphore>,
@@ -321,7 +321,11 @@ impl Duty for Gates {
             if leader.is_leader() {
                 run.dispatch();
             }
-            run.writing.send_replace(run.in_flight.len());
+            // Events wait for the wave: the writes dispatched, and the releases written that
+            // the watch has not shown yet (the API server is still sending them, to initium
+            // and to every other watcher of these Pods).
+            run.writing
+                .send_replace(run.in_flight.len() + run.waiting.written_unseen());
         }
     }
 }

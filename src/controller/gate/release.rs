@@ -243,6 +243,9 @@ const EVENTS_IN_FLIGHT: usize = 2;
 /// writes start and end in bursts as its Pods' decisions arrive, and an Event between two
 /// bursts takes the API server from the next.
 const EVENTS_AFTER_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest an Event waits for a quiet moment: releases that never stop (or a release the
+/// watch never shows) delay Events, never lose them.
+const EVENTS_WAIT_AT_MOST: std::time::Duration = std::time::Duration::from_secs(10);
 
 enum EventJob {
     Released {
@@ -264,22 +267,26 @@ impl Events {
         tokio::spawn(async move {
             let slots = Arc::new(Semaphore::new(EVENTS_IN_FLIGHT));
             while let Some(job) = jobs.recv().await {
-                // Releases first: when a write is in flight, wait until none has been for
-                // EVENTS_AFTER_QUIET. The duty gone (sender dropped) ends the wait too.
-                while *writing.borrow() != 0 {
-                    if writing.wait_for(|writes| *writes == 0).await.is_err() {
-                        break;
+                // Releases first: while a release is being written or not yet seen by the
+                // watch, wait until none has been for EVENTS_AFTER_QUIET, at most
+                // EVENTS_WAIT_AT_MOST. The duty gone (sender dropped) ends the wait too.
+                let quiet = async {
+                    while *writing.borrow() != 0 {
+                        if writing.wait_for(|writes| *writes == 0).await.is_err() {
+                            break;
+                        }
+                        match tokio::time::timeout(
+                            EVENTS_AFTER_QUIET,
+                            writing.wait_for(|writes| *writes != 0),
+                        )
+                        .await
+                        {
+                            Ok(Ok(_)) => continue,
+                            Ok(Err(_)) | Err(_) => break,
+                        }
                     }
-                    match tokio::time::timeout(
-                        EVENTS_AFTER_QUIET,
-                        writing.wait_for(|writes| *writes != 0),
-                    )
-                    .await
-                    {
-                        Ok(Ok(_)) => continue,
-                        Ok(Err(_)) | Err(_) => break,
-                    }
-                }
+                };
+                let _ = tokio::time::timeout(EVENTS_WAIT_AT_MOST, quiet).await;
                 let Ok(slot) = slots.clone().acquire_owned().await else {
                     break;
                 };

@@ -72,7 +72,8 @@ fn merge_touches<P: MergePatch>(
             }
         }
         (None, None) if patch.is_null() => {}
-        (None, Some(current)) if patch.same_as(current) => {}
+        // A null in the patch removes the member, even one whose value is null.
+        (None, Some(current)) if !patch.is_null() && patch.same_as(current) => {}
         (_, prior) => journal.record(at.clone(), prior),
     }
 }

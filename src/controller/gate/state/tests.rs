@@ -904,3 +904,26 @@ fn an_object_is_judged_once_for_all_the_pods_that_wait_on_it_until_what_it_reads
     assert_eq!(releases(&world), 200);
     assert_eq!(judged() - before, 2, "judged again once, after the change");
 }
+
+#[test]
+fn a_written_release_counts_until_the_watch_shows_the_pod_after_it() {
+    let mut waiting = Waiting::default();
+    let a = pod("a", &["initium.dev/shop.x", "initium.dev/shop.y"]);
+    let b = pod("b", &["initium.dev/shop.x"]);
+    waiting.apply(PodEvent::Apply(a.clone()));
+    waiting.apply(PodEvent::Apply(b.clone()));
+    assert_eq!(waiting.written_unseen(), 0);
+    for key in [&a.key, &b.key] {
+        waiting.get_mut(key).unwrap().written = Some("10".into());
+    }
+    assert_eq!(waiting.written_unseen(), 2);
+    // a keeps another gate: the watch shows its next version.
+    let mut a_after = a.clone();
+    a_after.resource_version = "11".into();
+    a_after.gates = vec!["initium.dev/shop.y".into()];
+    waiting.apply(PodEvent::Apply(a_after));
+    assert_eq!(waiting.written_unseen(), 1);
+    // b lost initium's label: it leaves the watch.
+    waiting.apply(PodEvent::Delete(b.key.clone()));
+    assert_eq!(waiting.written_unseen(), 0);
+}

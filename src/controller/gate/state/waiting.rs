@@ -167,6 +167,15 @@ impl Waiting {
         self.pods.values_mut()
     }
 
+    /// Pods released by a write whose result the watch has not shown yet (the Pod as last
+    /// seen is the version the release was written over).
+    pub(crate) fn written_unseen(&self) -> usize {
+        self.pods
+            .values()
+            .filter(|e| e.written.as_deref() == Some(e.pod.resource_version.as_str()))
+            .count()
+    }
+
     /// Pods with at least one initium gate (the `initium_gated_pods` gauge).
     pub(crate) fn waiting(&self) -> usize {
         self.pods
