@@ -523,3 +523,26 @@ fn autogen_needs_a_rule_for_pod_creation() {
         "{text}"
     );
 }
+
+/// Found by the fuzz campaign (seed 1795931107888468499): a template with `metadata: null`,
+/// on which the rule changes nothing, came back without its metadata, and the patch did not
+/// say so. It now comes back exactly as it was.
+#[test]
+fn a_template_the_rule_leaves_alone_comes_back_exactly_as_it_was() {
+    let idx = index(vec![cmr(
+        "nothing",
+        json!({"match": {"kinds": ["Pod"]}, "autogen": {},
+               "mutations": [{"forEach": "$.spec.none[*]", "mutations": [{"defaults": {"a": "b"}}]}]}),
+    )]);
+    for template in [
+        json!({"metadata": null}),
+        json!({"metadata": null, "spec": {}}),
+        json!({"spec": {"containers": []}}),
+    ] {
+        let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "j", "namespace": "shop"}, "spec": {"template": template}});
+        let out = admit(&idx, &job);
+        assert_eq!(out.object, job);
+        assert!(out.ops.is_empty(), "{:?}", out.ops);
+    }
+}

@@ -211,20 +211,27 @@ fn give_back(pod: Value, template: &mut Map<String, Value>, lent: &Lent) {
     let Value::Object(mut pod) = pod else {
         return;
     };
-    if let Some(Value::Object(mut meta)) = pod.remove("metadata") {
-        for (field, filled) in [
-            ("namespace", &lent.namespace),
-            ("generateName", &lent.generate_name),
-        ] {
-            if let Some(filled) = filled
-                && meta.get(field).and_then(Value::as_str) == Some(filled.as_str())
-            {
-                meta.remove(field);
+    match pod.remove("metadata") {
+        Some(Value::Object(mut meta)) => {
+            for (field, filled) in [
+                ("namespace", &lent.namespace),
+                ("generateName", &lent.generate_name),
+            ] {
+                if let Some(filled) = filled
+                    && meta.get(field).and_then(Value::as_str) == Some(filled.as_str())
+                {
+                    meta.remove(field);
+                }
+            }
+            if lent.had_metadata || !meta.is_empty() {
+                template.insert("metadata".into(), Value::Object(meta));
             }
         }
-        if lent.had_metadata || !meta.is_empty() {
-            template.insert("metadata".into(), Value::Object(meta));
+        // `metadata: null` (or another value) in the template: back as it was.
+        Some(other) if lent.had_metadata => {
+            template.insert("metadata".into(), other);
         }
+        Some(_) | None => {}
     }
     if let Some(spec) = pod.remove("spec") {
         template.insert("spec".into(), spec);
@@ -304,6 +311,20 @@ mod tests {
                 "spec": {"jobTemplate": {"spec": {"template": {"spec": {"containers": [],
                     "restartPolicy": "Never"}}}}}})
         );
+        // A template whose metadata is null is lent and given back as it was.
+        let mut null_meta = json!({"metadata": {"name": "web"},
+            "spec": {"template": {"metadata": null, "spec": {}}}});
+        let before = null_meta.clone();
+        let dgvk = Gvk::new("apps", "v1", "Deployment");
+        with_template(
+            &mut null_meta,
+            Controller::Deployment,
+            &subject(&dgvk),
+            |_, pod| {
+                assert_eq!(pod["metadata"], Value::Null);
+            },
+        );
+        assert_eq!(null_meta, before);
         let mut bare = json!({"metadata": {"name": "nightly"}, "spec": {}});
         assert_eq!(
             with_template(&mut bare, Controller::CronJob, &subject(&gvk), |_, _| ()),

@@ -311,8 +311,19 @@ impl CompiledRule {
         });
         match ran {
             Some(RuleResult::Changed(_)) => RuleResult::Changed(journal),
-            Some(other) => other,
-            None => RuleResult::NotMatched,
+            other => {
+                // Unchanged, not matched or undone: the template exactly as it was, whatever
+                // lending it to the rule and taking it back did to its shape.
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| journal.rollback(doc))) {
+                    return RuleResult::Corrupted(UndoFailed {
+                        failure: Stop::from(InternalError::from_panic(
+                            &"the Pod template was lent to the rule",
+                        )),
+                        undo: InternalError::from_panic(&*panic),
+                    });
+                }
+                other.unwrap_or(RuleResult::NotMatched)
+            }
         }
     }
 
