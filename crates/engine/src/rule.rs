@@ -571,11 +571,13 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
             )
         })
         .collect();
+    // A gate and autogen are for Pod rules only.
+    let only_pods = !matcher.kinds().is_empty()
+        && matcher
+            .kinds()
+            .iter()
+            .all(|k| k.kind.exact() == Some("Pod") && k.group.exact().is_none_or(str::is_empty));
     let gate = spec.gate.as_ref().and_then(|g| {
-        let only_pods = !matcher.kinds().is_empty()
-            && matcher.kinds().iter().all(|k| {
-                k.kind.exact() == Some("Pod") && k.group.exact().is_none_or(str::is_empty)
-            });
         if !only_pods {
             errors.push(
                 "spec.gate",
@@ -603,10 +605,6 @@ pub fn compile(id: RuleId, spec: &RuleSpec) -> Result<CompiledRule, RuleErrors> 
     let templates = match &spec.autogen {
         None => Templates::default(),
         Some(autogen) => {
-            let only_pods = !matcher.kinds().is_empty()
-                && matcher.kinds().iter().all(|k| {
-                    k.kind.exact() == Some("Pod") && k.group.exact().is_none_or(str::is_empty)
-                });
             if !only_pods {
                 errors.push(
                     "spec.autogen",
